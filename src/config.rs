@@ -1,0 +1,129 @@
+//! The layer's settings, shared by every clone of the layer and its services.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderName, Method, StatusCode};
+
+use crate::fingerprint::FingerprintSpec;
+use crate::key::Scope;
+use crate::outcome::Classifier;
+use crate::store::Retention;
+pub use crate::store::StaleLeasePolicy;
+
+/// Where the scope of a guarded request comes from.
+#[derive(Clone)]
+pub(crate) enum ScopeSource {
+    /// A [`Scope`] in the request's extensions, put there by the application's authentication.
+    Extension,
+    /// One scope for every caller, chosen explicitly by the application.
+    Shared(Scope),
+    /// The application's function.
+    With(Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>),
+}
+
+impl ScopeSource {
+    pub(crate) fn scope(&self, parts: &Parts) -> Option<Scope> {
+        match self {
+            ScopeSource::Extension => parts.extensions.get::<Scope>().cloned(),
+            ScopeSource::Shared(scope) => Some(scope.clone()),
+            ScopeSource::With(f) => f(parts),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) header: HeaderName,
+    pub(crate) key_required: bool,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) scope: ScopeSource,
+    pub(crate) operation: Option<Arc<str>>,
+    pub(crate) fingerprint: FingerprintSpec,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_response_body: usize,
+    pub(crate) in_flight_wait: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) stale_lease: StaleLeasePolicy,
+    pub(crate) retention: Retention,
+    pub(crate) mismatch_status: StatusCode,
+    pub(crate) classifier: Option<Classifier>,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) problem_type_base: Arc<str>,
+    pub(crate) rollout: RolloutSwitch,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            header: HeaderName::from_static("idempotency-key"),
+            key_required: true,
+            methods: vec![Method::POST, Method::PATCH],
+            scope: ScopeSource::Extension,
+            operation: None,
+            fingerprint: FingerprintSpec::new(),
+            max_request_body: 1024 * 1024,
+            max_response_body: 1024 * 1024,
+            in_flight_wait: Duration::from_secs(2),
+            retry_after: Duration::from_secs(1),
+            lease: Duration::from_secs(30),
+            stale_lease: StaleLeasePolicy::MarkUnknown,
+            retention: Retention::default(),
+            mismatch_status: StatusCode::UNPROCESSABLE_ENTITY,
+            classifier: None,
+            stored_headers: Vec::new(),
+            problem_type_base: Arc::from("urn:tower-idempotency:problem:"),
+            rollout: RolloutSwitch::default(),
+        }
+    }
+}
+
+/// How the layer treats guarded requests, switchable at run time through a [`RolloutSwitch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RolloutMode {
+    /// Keep the contract: claim, replay, refuse.
+    Enforce,
+    /// The kill switch: every request passes straight through, as if the layer were absent.
+    Off,
+}
+
+/// A shared, run-time switch of the [`RolloutMode`]. Clones share one setting, so an admin
+/// endpoint or a config watcher can turn the layer off without a restart.
+///
+/// ```
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore, RolloutMode, RolloutSwitch};
+/// let switch = RolloutSwitch::new(RolloutMode::Enforce);
+/// let layer = IdempotencyLayer::new(MemoryStore::new()).rollout(switch.clone());
+/// switch.set(RolloutMode::Off); // every request now passes through untouched
+/// assert_eq!(switch.get(), RolloutMode::Off);
+/// # drop(layer);
+/// ```
+#[derive(Debug, Clone)]
+pub struct RolloutSwitch(Arc<AtomicU8>);
+
+impl RolloutSwitch {
+    /// A switch set to `mode`.
+    pub fn new(mode: RolloutMode) -> Self {
+        Self(Arc::new(AtomicU8::new(mode as u8)))
+    }
+
+    /// Changes the mode for every service sharing this switch.
+    pub fn set(&self, mode: RolloutMode) {
+        self.0.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// The current mode.
+    pub fn get(&self) -> RolloutMode {
+        if self.0.load(Ordering::Relaxed) == RolloutMode::Off as u8 { RolloutMode::Off } else { RolloutMode::Enforce }
+    }
+}
+
+impl Default for RolloutSwitch {
+    fn default() -> Self {
+        Self::new(RolloutMode::Enforce)
+    }
+}

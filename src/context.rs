@@ -1,0 +1,128 @@
+//! What the handler learns about its idempotent execution: the scoped identity, a stable
+//! operation id and derived downstream keys (CONTRACT §6).
+//!
+//! The layer inserts an [`IdempotencyContext`] into the request's extensions before it calls
+//! the inner service. Tower users read it from there; axum handlers take it as an extractor
+//! (feature `axum`), or as `Option<IdempotencyContext>` on routes where the key is optional.
+//!
+//! ```
+//! use tower_idempotency::IdempotencyContext;
+//!
+//! fn charge(request: &http::Request<()>) -> Option<String> {
+//!     let context = request.extensions().get::<IdempotencyContext>()?;
+//!     // The payment provider sees the same key on every retry of this request.
+//!     Some(context.downstream_key("payment-provider/charge"))
+//! }
+//! # assert_eq!(charge(&http::Request::new(())), None);
+//! ```
+
+use std::sync::Arc;
+
+use crate::key::RecordId;
+
+/// The handler's view of its idempotent execution.
+#[derive(Clone)]
+pub struct IdempotencyContext {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: RecordId,
+    operation: Arc<str>,
+    operation_id: String,
+    fencing_token: u64,
+}
+
+impl IdempotencyContext {
+    /// A context for `id`, as the layer builds it (public so handlers can be unit-tested).
+    pub fn new(id: RecordId, operation: impl Into<Arc<str>>, fencing_token: u64) -> Self {
+        let operation_id = id.operation_id();
+        Self { inner: Arc::new(Inner { id, operation: operation.into(), operation_id, fencing_token }) }
+    }
+
+    /// The scoped identity (a digest: safe to log).
+    pub fn record_id(&self) -> &RecordId {
+        &self.inner.id
+    }
+
+    /// The operation (route identity) this execution belongs to.
+    pub fn operation(&self) -> &str {
+        &self.inner.operation
+    }
+
+    /// A stable, UUID-shaped id for this (scope, operation, key): the same on every retry.
+    /// Store it with the business write to link the two.
+    pub fn operation_id(&self) -> &str {
+        &self.inner.operation_id
+    }
+
+    /// A key for a downstream call, stable for this identity and `purpose`.
+    pub fn downstream_key(&self, purpose: &str) -> String {
+        self.inner.id.downstream_key(purpose)
+    }
+
+    /// The claim's fencing token: strictly greater than any earlier claim's on this identity.
+    /// Pass it to downstream writes that can check it, so a late, superseded attempt is refused.
+    pub fn fencing_token(&self) -> u64 {
+        self.inner.fencing_token
+    }
+}
+
+impl std::fmt::Debug for IdempotencyContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyContext")
+            .field("record_id", &self.inner.id)
+            .field("operation", &self.inner.operation)
+            .field("operation_id", &self.inner.operation_id)
+            .field("fencing_token", &self.inner.fencing_token)
+            .finish()
+    }
+}
+
+#[cfg(feature = "axum")]
+mod axum_extract {
+    use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+    use axum::response::{IntoResponse, Response};
+    use http::request::Parts;
+
+    use super::IdempotencyContext;
+    use crate::problem::push_json_string;
+
+    /// The rejection when a handler asks for an [`IdempotencyContext`] on a route the
+    /// idempotency layer does not guard.
+    #[derive(Debug, Clone, Copy)]
+    pub struct MissingContext;
+
+    impl IntoResponse for MissingContext {
+        fn into_response(self) -> Response {
+            let mut body = String::from("{\"title\":\"Idempotency context missing\",\"status\":500,\"detail\":");
+            push_json_string(
+                &mut body,
+                "this handler needs IdempotencyContext, but the route is not wrapped by IdempotencyLayer \
+                 (or the request carried no key on an optional route); use Option<IdempotencyContext> there",
+            );
+            body.push('}');
+            (http::StatusCode::INTERNAL_SERVER_ERROR, [(http::header::CONTENT_TYPE, "application/problem+json")], body)
+                .into_response()
+        }
+    }
+
+    impl<S: Send + Sync> FromRequestParts<S> for IdempotencyContext {
+        type Rejection = MissingContext;
+
+        async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+            parts.extensions.get::<IdempotencyContext>().cloned().ok_or(MissingContext)
+        }
+    }
+
+    impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyContext {
+        type Rejection = std::convert::Infallible;
+
+        async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Self::Rejection> {
+            Ok(parts.extensions.get::<IdempotencyContext>().cloned())
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+pub use axum_extract::MissingContext;

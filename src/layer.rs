@@ -1,0 +1,195 @@
+//! [`IdempotencyLayer`]: the configuration builder and `tower::Layer`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderName, Method, StatusCode};
+use tower_layer::Layer;
+
+use crate::config::{Config, RolloutSwitch, ScopeSource};
+use crate::fingerprint::FingerprintSpec;
+use crate::key::Scope;
+use crate::outcome::OutcomeClass;
+use crate::service::IdempotencyService;
+use crate::store::{Retention, StaleLeasePolicy, Store};
+
+/// The idempotency middleware's layer: a cheap-to-clone configuration builder.
+///
+/// Apply it to the routes that create things (axum: `post(handler).layer(layer)` or
+/// `Router::route_layer`), and leave reads unguarded.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+///
+/// let layer = IdempotencyLayer::new(MemoryStore::new())
+///     .operation("orders.create")
+///     .scope_with(|parts| {
+///         parts.headers.get("x-account").and_then(|v| v.to_str().ok()).map(Scope::new)
+///     })
+///     .in_flight_wait(Duration::from_millis(500))
+///     .mismatch_status(http::StatusCode::CONFLICT);
+/// # drop(layer);
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer<St> {
+    store: St,
+    config: Config,
+}
+
+impl<St: Store> IdempotencyLayer<St> {
+    /// A layer over `store` with the defaults: key required in `Idempotency-Key` on POST and
+    /// PATCH; scope from a [`Scope`] request extension; operation from the explicit name, else
+    /// axum's `MatchedPath`, else method and path; 1 MiB body limits; 2 s in-flight wait;
+    /// 24 h retention, 7 day tombstones; 422 on mismatch.
+    pub fn new(store: St) -> Self {
+        Self { store, config: Config::default() }
+    }
+
+    /// The store behind this layer.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+
+    /// The header that carries the key (default `Idempotency-Key`).
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.config.header = name;
+        self
+    }
+
+    /// Whether a guarded request must carry a key (default true). When false, a request with
+    /// no key passes through unguarded.
+    pub fn key_required(mut self, required: bool) -> Self {
+        self.config.key_required = required;
+        self
+    }
+
+    /// The methods guarded (default POST and PATCH); others pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Takes the scope from the application's function (from its authentication's request
+    /// extension, typically). A request for which it returns `None` is refused with 401.
+    pub fn scope_with<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<Scope> + Send + Sync + 'static,
+    {
+        self.config.scope = ScopeSource::With(Arc::new(scope));
+        self
+    }
+
+    /// Uses one scope for every caller. Only for single-tenant services: with it, any caller
+    /// who knows another's key gets that caller's answer.
+    pub fn shared_scope(mut self, scope: impl Into<String>) -> Self {
+        self.config.scope = ScopeSource::Shared(Scope::new(scope));
+        self
+    }
+
+    /// Names the operation explicitly (the route's stable identity across refactors).
+    pub fn operation(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.operation = Some(name.into());
+        self
+    }
+
+    /// What goes into the request fingerprint beyond method, path, query, content type and
+    /// body (declared headers, ignored JSON members).
+    pub fn fingerprint(mut self, spec: FingerprintSpec) -> Self {
+        self.config.fingerprint = spec;
+        self
+    }
+
+    /// The largest request body buffered, in bytes (default 1 MiB); larger answers 413.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.config.max_request_body = bytes;
+        self
+    }
+
+    /// The largest response stored, in bytes (default 1 MiB); a larger one is rolled back and
+    /// answered with 500 `idempotency_response_too_large`.
+    pub fn max_response_body(mut self, bytes: usize) -> Self {
+        self.config.max_response_body = bytes;
+        self
+    }
+
+    /// How long a duplicate waits for the original's outcome before 409 (default 2 s).
+    pub fn in_flight_wait(mut self, wait: Duration) -> Self {
+        self.config.in_flight_wait = wait;
+        self
+    }
+
+    /// The `Retry-After` given with 503 answers (default 1 s).
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.config.retry_after = after;
+        self
+    }
+
+    /// The lease of a leased claim (default 30 s).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// What a retry does when it finds an expired lease (default: mark `unknown`).
+    pub fn stale_lease(mut self, policy: StaleLeasePolicy) -> Self {
+        self.config.stale_lease = policy;
+        self
+    }
+
+    /// How long answers and tombstones are kept (default 24 h and 7 days).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// The status for a key reused with a different request: 422 (default) or 409.
+    pub fn mismatch_status(mut self, status: StatusCode) -> Self {
+        self.config.mismatch_status = status;
+        self
+    }
+
+    /// The route's own rule for classifying responses (a handler's marker still wins).
+    pub fn classify_with<F>(mut self, rule: F) -> Self
+    where
+        F: Fn(&http::response::Parts) -> OutcomeClass + Send + Sync + 'static,
+    {
+        self.config.classifier = Some(Arc::new(rule));
+        self
+    }
+
+    /// Adds a response header to the stored allow-list. Credentials, cookies, proxy and
+    /// hop-by-hop headers are never stored, whatever is added.
+    pub fn store_header(mut self, name: HeaderName) -> Self {
+        self.config.stored_headers.push(name);
+        self
+    }
+
+    /// The prefix of problem `type` URIs (default `urn:tower-idempotency:problem:`); the code
+    /// is appended.
+    pub fn problem_type_base(mut self, base: impl Into<Arc<str>>) -> Self {
+        self.config.problem_type_base = base.into();
+        self
+    }
+
+    /// Shares a run-time [`RolloutSwitch`] (enforce, or off as a kill switch).
+    pub fn rollout(mut self, switch: RolloutSwitch) -> Self {
+        self.config.rollout = switch;
+        self
+    }
+}
+
+impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
+    type Service = IdempotencyService<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.store.clone(), Arc::new(self.config.clone()))
+    }
+}
+
+impl<St> std::fmt::Debug for IdempotencyLayer<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer").field("operation", &self.config.operation).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,113 @@
+//! # tower-idempotency
+//!
+//! A Tower middleware that makes retries of dangerous API writes safe with the
+//! `Idempotency-Key` header. For one *(scope, operation, key)*, at most one execution of the
+//! handler's side effect commits, and every retry of the same request gets that execution's
+//! stored answer, byte for byte, marked with `Idempotent-Replayed: true`.
+//!
+//! The way a request travels through [`IdempotencyService`]:
+//!
+//! ```text
+//! request ─► key + scope + operation ─► buffer body (limit) ─► fingerprint
+//!         ─► durable claim (Store) ──► existing record? ─► replay / reject
+//!                                  └─► new claim ─► inner service (with context + handle)
+//!         ─► classify response ─► finish the claim (store the answer) ─► response
+//! ```
+//!
+//! Each step lives in its own module: [`key`], [`fingerprint`], [`store`], [`outcome`],
+//! [`problem`], [`context`]; the path itself reads top to bottom in the service's future
+//! (`src/service.rs`).
+//!
+//! ## Quick start
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+//! use tower_layer::Layer;
+//! use tower_service::Service;
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let handler = tower::service_fn(|_req: Request<Full<Bytes>>| async {
+//!     Ok::<_, Infallible>(
+//!         Response::builder()
+//!             .status(StatusCode::CREATED)
+//!             .body(Full::new(Bytes::from_static(b"{\"order_id\":1}")))
+//!             .unwrap(),
+//!     )
+//! });
+//! let layer = IdempotencyLayer::new(MemoryStore::new())
+//!     // Every caller shares one scope: fine for a single-tenant example only.
+//!     .shared_scope("example");
+//! let mut service = layer.layer(handler);
+//!
+//! let request = || {
+//!     Request::post("/orders")
+//!         .header("idempotency-key", "3f1c9a1e-7f43-4a55-9f0a-2d5a1c7e9b10")
+//!         .header("content-type", "application/json")
+//!         .body(Full::new(Bytes::from_static(b"{\"sku\":\"A\"}")))
+//!         .unwrap()
+//! };
+//! let first = service.call(request()).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! let retry = service.call(request()).await.unwrap();
+//! assert_eq!(retry.status(), StatusCode::CREATED);
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! # });
+//! ```
+//!
+//! ## Choices this crate makes where the contract is silent
+//!
+//! - A guarded request whose scope cannot be determined is refused with 401
+//!   `idempotency_scope_missing` (an authentication layer placed after this one is a
+//!   misconfiguration; the layer never falls back to a shared scope on its own).
+//! - An inner service that returns an error, panics or is cancelled while holding a leased
+//!   claim leaves the record for the stale-lease policy (by default it becomes `unknown`);
+//!   in atomic mode the transaction simply rolls back.
+//! - A leased claim whose fenced completion finds the lease lost answers 503
+//!   `idempotency_commit_uncertain`: the answer could not be stored, so it is not acknowledged.
+//! - A guarded request whose body cannot be read answers 400 `idempotency_body_unreadable`.
+//!
+//! ## Feature flags
+//!
+//! - `axum`: extractors for [`IdempotencyContext`] and use of axum's `MatchedPath` as the operation.
+//! - `testkit`: the conformance suites in [`testkit`] for your own stores and services.
+//! - `full`: all of the above.
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod body;
+mod config;
+pub mod context;
+pub mod fingerprint;
+mod future;
+mod hex;
+pub mod key;
+mod layer;
+pub mod outcome;
+pub mod problem;
+pub mod record;
+mod service;
+pub mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use body::IdempotencyBody;
+pub use config::{RolloutMode, RolloutSwitch};
+pub use service::REPLAYED_HEADER;
+pub use store::StaleLeasePolicy;
+pub use context::IdempotencyContext;
+pub use fingerprint::{Fingerprint, FingerprintSpec};
+pub use future::ResponseFuture;
+pub use key::{IdempotencyKey, RecordId, Scope};
+pub use layer::IdempotencyLayer;
+pub use outcome::OutcomeClass;
+pub use record::{Record, RecordState, StoredResponse};
+pub use service::IdempotencyService;
+pub use store::memory::MemoryStore;
+pub use store::{Begin, BeginRequest, Claim, Outcome, Retention, Store};
+
+/// The error type of boxed, type-erased errors used by bodies and stores.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

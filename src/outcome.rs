@@ -1,0 +1,133 @@
+//! Deciding what a handler's response means for the record (CONTRACT §4).
+//!
+//! - *complete*: commit the business write and store the response;
+//! - *store failure*: roll the business write back, store the response so retries get the
+//!   same error;
+//! - *release*: roll back, store nothing: the next retry executes afresh.
+//!
+//! By default 1xx–3xx complete and everything else releases. A handler opts a business
+//! rejection into *store failure* with a marker in the response's extensions:
+//!
+//! ```
+//! use http::{Response, StatusCode};
+//! use tower_idempotency::OutcomeClass;
+//!
+//! let mut response = Response::new("card declined");
+//! *response.status_mut() = StatusCode::PAYMENT_REQUIRED;
+//! response.extensions_mut().insert(OutcomeClass::StoreFailure);
+//! ```
+
+use http::header::{self, HeaderName};
+use http::response::Parts;
+
+/// How a response settles its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OutcomeClass {
+    /// Commit the business write and store the response for replay.
+    Complete,
+    /// Roll the business write back and store the response, so retries get the same error.
+    StoreFailure,
+    /// Roll back and store nothing; the next retry executes afresh.
+    Release,
+}
+
+/// A route's own rule for classifying responses.
+pub type Classifier = std::sync::Arc<dyn Fn(&Parts) -> OutcomeClass + Send + Sync>;
+
+/// The class of a response: the handler's marker if present, else the route's rule, else
+/// the default (1xx–3xx complete, everything else release).
+pub fn classify(parts: &Parts, route_rule: Option<&Classifier>) -> OutcomeClass {
+    if let Some(marker) = parts.extensions.get::<OutcomeClass>() {
+        return *marker;
+    }
+    if let Some(rule) = route_rule {
+        return rule(parts);
+    }
+    default_class(parts.status)
+}
+
+/// The default rule: 1xx–3xx complete, everything else release.
+pub fn default_class(status: http::StatusCode) -> OutcomeClass {
+    if status.is_informational() || status.is_success() || status.is_redirection() {
+        OutcomeClass::Complete
+    } else {
+        OutcomeClass::Release
+    }
+}
+
+/// The headers stored and replayed by default (CONTRACT §4).
+pub const DEFAULT_STORED_HEADERS: [HeaderName; 7] = [
+    header::CONTENT_TYPE,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::LINK,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+];
+
+/// Headers that are never stored or replayed, whatever a route adds to its allow-list:
+/// credentials, cookies, proxy and hop-by-hop headers.
+pub fn is_never_stored(name: &HeaderName) -> bool {
+    matches!(
+        *name,
+        header::SET_COOKIE
+            | header::AUTHORIZATION
+            | header::WWW_AUTHENTICATE
+            | header::PROXY_AUTHENTICATE
+            | header::PROXY_AUTHORIZATION
+            | header::CONNECTION
+            | header::TRANSFER_ENCODING
+            | header::TE
+            | header::TRAILER
+            | header::UPGRADE
+            | header::CONTENT_LENGTH
+    ) || name.as_str().starts_with("proxy-")
+        || name.as_str() == "keep-alive"
+}
+
+/// Whether a header is kept in the stored response, given the route's extra allow-list.
+pub fn is_stored(name: &HeaderName, extra: &[HeaderName]) -> bool {
+    !is_never_stored(name) && (DEFAULT_STORED_HEADERS.contains(name) || extra.contains(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Response, StatusCode};
+
+    fn parts(status: u16) -> Parts {
+        let (mut parts, ()) = Response::new(()).into_parts();
+        parts.status = StatusCode::from_u16(status).unwrap();
+        parts
+    }
+
+    #[test]
+    fn default_rule_completes_success_and_releases_errors() {
+        assert_eq!(classify(&parts(201), None), OutcomeClass::Complete);
+        assert_eq!(classify(&parts(303), None), OutcomeClass::Complete);
+        assert_eq!(classify(&parts(422), None), OutcomeClass::Release);
+        assert_eq!(classify(&parts(500), None), OutcomeClass::Release);
+    }
+
+    #[test]
+    fn handler_marker_beats_route_rule() {
+        let mut p = parts(402);
+        p.extensions.insert(OutcomeClass::StoreFailure);
+        let rule: Classifier = std::sync::Arc::new(|_| OutcomeClass::Release);
+        assert_eq!(classify(&p, Some(&rule)), OutcomeClass::StoreFailure);
+        assert_eq!(classify(&parts(402), Some(&rule)), OutcomeClass::Release);
+    }
+
+    #[test]
+    fn credentials_and_hop_by_hop_headers_are_never_stored() {
+        let extra = [header::SET_COOKIE, HeaderName::from_static("x-request-cost")];
+        assert!(!is_stored(&header::SET_COOKIE, &extra));
+        assert!(!is_stored(&header::AUTHORIZATION, &extra));
+        assert!(!is_stored(&HeaderName::from_static("proxy-status"), &extra));
+        assert!(is_stored(&HeaderName::from_static("x-request-cost"), &extra));
+        assert!(is_stored(&header::LOCATION, &[]));
+        assert!(!is_stored(&HeaderName::from_static("x-request-cost"), &[]));
+    }
+}

@@ -1,0 +1,316 @@
+//! [`IdempotencyService`]: the whole path of a guarded request, top to bottom, in
+//! [`guard`]. Each step is a call into the module that owns it.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use tower_service::Service;
+
+use crate::BoxError;
+use crate::body::IdempotencyBody;
+use crate::config::{Config, RolloutMode};
+use crate::context::IdempotencyContext;
+use crate::fingerprint::{self, Fingerprint};
+use crate::future::ResponseFuture;
+use crate::key::{self, RecordId};
+use crate::outcome::{self, OutcomeClass};
+use crate::problem::{Problem, ProblemCode};
+use crate::record::{Record, RecordState, StoredResponse};
+use crate::store::{Begin, BeginRequest, Claim, FinishError, Outcome, Store, StoreError};
+
+/// The header that marks a replayed answer.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The idempotency middleware around an inner service. Built by
+/// [`IdempotencyLayer`](crate::IdempotencyLayer).
+pub struct IdempotencyService<S, St> {
+    inner: S,
+    store: St,
+    config: Arc<Config>,
+}
+
+impl<S, St> IdempotencyService<S, St> {
+    pub(crate) fn new(inner: S, store: St, config: Arc<Config>) -> Self {
+        Self { inner, store, config }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone, St: Clone> Clone for IdempotencyService<S, St> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone(), store: self.store.clone(), config: self.config.clone() }
+    }
+}
+
+impl<S, St> std::fmt::Debug for IdempotencyService<S, St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService").finish_non_exhaustive()
+    }
+}
+
+impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<IdempotencyBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let guarded =
+            self.config.rollout.get() == RolloutMode::Enforce && self.config.methods.contains(request.method());
+        if !guarded {
+            return ResponseFuture::passthrough(self.inner.call(request));
+        }
+        // The service that was made ready goes into the future; a fresh clone stays behind.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::guarded(Box::pin(guard(inner, self.store.clone(), self.config.clone(), request)))
+    }
+}
+
+/// The guarded path of one request.
+async fn guard<S, St, ReqBody, ResBody>(
+    mut inner: S,
+    store: St,
+    config: Arc<Config>,
+    request: Request<ReqBody>,
+) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store,
+    ReqBody: Body + From<Bytes>,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let refuse = |problem: Problem| Ok(problem_response(&config, problem));
+
+    // 1. Key, scope and operation.
+    let key = match key::parse_key(request.headers(), &config.header) {
+        Ok(Some(key)) => key,
+        Ok(None) if !config.key_required => {
+            let response = inner.call(request).await?;
+            return Ok(response.map(IdempotencyBody::inner));
+        }
+        Ok(None) => {
+            return refuse(Problem::new(ProblemCode::KeyMissing, "this request requires an Idempotency-Key header"));
+        }
+        Err(error) => return refuse(Problem::new(ProblemCode::KeyInvalid, error.to_string())),
+    };
+    let (mut parts, body) = request.into_parts();
+    let Some(scope) = config.scope.scope(&parts) else {
+        return refuse(Problem::new(ProblemCode::ScopeMissing, "the request has no authenticated scope"));
+    };
+    let operation = operation_name(&config, &parts);
+    let id = RecordId::new(&scope, &operation, &key);
+
+    // 2. Buffer the body within the limit, and fingerprint the request.
+    let body = match buffer_request_body(&parts.headers, body, config.max_request_body).await {
+        Ok(body) => body,
+        Err(problem) => return refuse(problem),
+    };
+    let fingerprint = fingerprint::fingerprint(&parts.method, &parts.uri, &parts.headers, &body, &config.fingerprint);
+
+    // 3. Claim the identity, or answer from what is already there.
+    let begin = BeginRequest::new(&id, &fingerprint)
+        .wait(config.in_flight_wait)
+        .lease(config.lease)
+        .stale_lease(config.stale_lease)
+        .retention(config.retention);
+    let claim = match store.begin(begin).await {
+        Ok(Begin::Claimed(claim)) => claim,
+        Ok(Begin::Existing(record)) => return Ok(answer_existing(&config, &id, &fingerprint, record)),
+        Ok(Begin::InFlight { retry_after }) => {
+            tracing::debug!(record = %id, "idempotency: duplicate still in flight after the bounded wait");
+            return refuse(
+                Problem::new(
+                    ProblemCode::RequestInFlight,
+                    "a request with this key is still being processed; retry later",
+                )
+                .retry_after(retry_after.max(config.retry_after)),
+            );
+        }
+        Err(error) => return refuse(store_unavailable(&config, &id, &error)),
+    };
+
+    // 4. Run the handler with the context and the claim's handle.
+    parts.extensions.insert(IdempotencyContext::new(id, operation, claim.fencing_token()));
+    if let Some(handle) = claim.handle() {
+        parts.extensions.insert(handle);
+    }
+    let response = inner.call(Request::from_parts(parts, ReqBody::from(body))).await?;
+
+    // 5. Classify the response, store it with the claim, and answer only once it is settled.
+    let (response_parts, response_body) = response.into_parts();
+    let class = outcome::classify(&response_parts, config.classifier.as_ref());
+    if class == OutcomeClass::Release {
+        if let Err(error) = claim.finish(Outcome::Release).await {
+            tracing::warn!(record = %id, %error, "idempotency: releasing the claim failed");
+        }
+        return Ok(Response::from_parts(response_parts, IdempotencyBody::inner(response_body)));
+    }
+    let body = match Limited::new(response_body, config.max_response_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            let _ = claim.finish(Outcome::Release).await;
+            let too_large = error.downcast_ref::<http_body_util::LengthLimitError>().is_some();
+            return refuse(if too_large {
+                Problem::new(
+                    ProblemCode::ResponseTooLarge,
+                    "the response was too large to store; nothing was committed",
+                )
+            } else {
+                Problem::new(ProblemCode::HandlerFailed, "the response failed while it was read; nothing was committed")
+            });
+        }
+    };
+    let stored = stored_response(&config, &response_parts, body.clone());
+    let outcome = match class {
+        OutcomeClass::StoreFailure => Outcome::StoreFailure(stored),
+        _ => Outcome::Complete(stored),
+    };
+    match claim.finish(outcome).await {
+        Ok(()) => Ok(Response::from_parts(response_parts, IdempotencyBody::full(body))),
+        Err(error) => refuse(finish_problem(&config, &id, &error)),
+    }
+}
+
+/// The operation: the explicit name, else axum's matched route template, else the path.
+fn operation_name(config: &Config, parts: &http::request::Parts) -> Arc<str> {
+    if let Some(name) = &config.operation {
+        return name.clone();
+    }
+    #[cfg(feature = "axum")]
+    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return Arc::from(format!("{} {}", parts.method, matched.as_str()));
+    }
+    Arc::from(format!("{} {}", parts.method, parts.uri.path()))
+}
+
+/// Buffers the request body, refusing before reading when `Content-Length` is over the limit
+/// and never buffering past it otherwise.
+async fn buffer_request_body<B>(headers: &http::HeaderMap, body: B, limit: usize) -> Result<Bytes, Problem>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let too_large =
+        || Problem::new(ProblemCode::BodyTooLarge, format!("the request body is larger than {limit} bytes"));
+    let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+        Err(_) => Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read")),
+    }
+}
+
+/// Replays or refuses, given the record that is already there.
+fn answer_existing<B>(
+    config: &Config,
+    id: &RecordId,
+    fingerprint: &Fingerprint,
+    record: Record,
+) -> Response<IdempotencyBody<B>> {
+    if record.state == RecordState::Expired {
+        return problem_response(
+            config,
+            Problem::new(ProblemCode::KeyExpired, "this key is past its retention; use a new key for a new request"),
+        );
+    }
+    if record.fingerprint != *fingerprint {
+        tracing::debug!(record = %id, "idempotency: key reused with a different request");
+        return problem_response(
+            config,
+            Problem::new(ProblemCode::KeyReused, "this key was used with a different request")
+                .status(config.mismatch_status),
+        );
+    }
+    match (record.state, record.response) {
+        (RecordState::Completed | RecordState::Failed, Some(stored)) => replay(stored),
+        (RecordState::Unknown, _) => problem_response(
+            config,
+            Problem::new(
+                ProblemCode::OutcomeUnknown,
+                "an earlier attempt with this key died and its outcome is unknown",
+            )
+            .retry_after(config.retry_after),
+        ),
+        _ => problem_response(
+            config,
+            Problem::new(ProblemCode::RequestInFlight, "a request with this key is still being processed; retry later")
+                .retry_after(config.retry_after),
+        ),
+    }
+}
+
+/// The stored answer, with `Idempotent-Replayed: true`.
+fn replay<B>(stored: StoredResponse) -> Response<IdempotencyBody<B>> {
+    let mut response = Response::new(IdempotencyBody::full(stored.body));
+    *response.status_mut() = stored.status;
+    let headers = response.headers_mut();
+    for (name, value) in stored.headers {
+        headers.append(name, value);
+    }
+    headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
+}
+
+/// What is kept of a response: status, allow-listed headers, body.
+fn stored_response(config: &Config, parts: &http::response::Parts, body: Bytes) -> StoredResponse {
+    let headers = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| outcome::is_stored(name, &config.stored_headers))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    StoredResponse { status: parts.status, headers, body }
+}
+
+fn store_unavailable(config: &Config, id: &RecordId, error: &StoreError) -> Problem {
+    tracing::warn!(record = %id, %error, "idempotency: store unavailable; the handler did not run");
+    Problem::new(ProblemCode::StoreUnavailable, "the idempotency store is unavailable; nothing was executed")
+        .retry_after(config.retry_after)
+}
+
+fn finish_problem(config: &Config, id: &RecordId, error: &FinishError) -> Problem {
+    tracing::warn!(record = %id, %error, "idempotency: the outcome could not be stored");
+    match error {
+        FinishError::HandleStillHeld => Problem::new(
+            ProblemCode::HandleStillHeld,
+            "the handler kept its transaction handle after answering; nothing was committed",
+        ),
+        _ => Problem::new(
+            ProblemCode::CommitUncertain,
+            "the outcome could not be confirmed; retrying with the same key is safe",
+        )
+        .retry_after(config.retry_after),
+    }
+}
+
+fn problem_response<B>(config: &Config, problem: Problem) -> Response<IdempotencyBody<B>> {
+    problem.to_http(&config.problem_type_base).map(IdempotencyBody::full)
+}

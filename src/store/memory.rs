@@ -1,0 +1,259 @@
+//! [`MemoryStore`]: an in-process store in leased mode.
+//!
+//! It keeps the whole contract that does not need durability: fenced claims with leases,
+//! the stale-lease policy, retention with tombstones, and waiting on an in-flight duplicate
+//! without polling (waiters sleep on a channel that the claim's holder closes when it
+//! finishes). Records live as long as the process: use it for tests, single-process tools and
+//! as the reference behaviour for other stores, not where a restart must keep answers.
+//!
+//! ```
+//! use tower_idempotency::MemoryStore;
+//! let store = MemoryStore::new();
+//! assert_eq!(store.len(), 0);
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{
+    Begin, BeginRequest, Claim, FinishError, NoHandle, Outcome, Retention, StaleLeasePolicy, Store, StoreError,
+};
+use crate::key::RecordId;
+use crate::record::{Record, RecordState};
+
+/// An in-process [`Store`] in leased mode. Cheap to clone: clones share the records.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    records: Mutex<HashMap<RecordId, Entry>>,
+    next_token: AtomicU64,
+}
+
+struct Entry {
+    record: Record,
+    token: u64,
+    lease_until: Instant,
+    /// When a completed or failed record's response is dropped.
+    response_until: Option<Instant>,
+    /// When the tombstone is deleted.
+    tombstone_until: Option<Instant>,
+    retention: Retention,
+    /// Closed (dropped) when the record leaves `processing` or its holder gives up:
+    /// every waiter wakes and looks again.
+    settled: Option<watch::Sender<()>>,
+}
+
+impl Entry {
+    /// Applies retention as of `now`. Returns false when the entry should be deleted.
+    fn age(&mut self, now: Instant) -> bool {
+        if let Some(until) = self.response_until {
+            if now >= until && matches!(self.record.state, RecordState::Completed | RecordState::Failed) {
+                self.record.state = RecordState::Expired;
+                self.record.response = None;
+                self.response_until = None;
+                self.tombstone_until = Some(until + self.retention.tombstone);
+            }
+        }
+        !matches!(self.tombstone_until, Some(until) if now >= until)
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many records (of any state, tombstones included) the store holds.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether the store holds no records.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The state of a record, if there is one (retention applied as of now).
+    pub fn state(&self, id: &RecordId) -> Option<RecordState> {
+        let mut records = self.lock();
+        let entry = records.get_mut(id)?;
+        entry.age(Instant::now()).then_some(entry.record.state)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<RecordId, Entry>> {
+        // A panic while holding the lock cannot leave an entry half-written (every update is
+        // a few field stores), so a poisoned lock is still safe to use.
+        self.shared.records.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn token(&self) -> u64 {
+        self.shared.next_token.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn claim(&self, request: &BeginRequest<'_>, token: u64) -> MemoryClaim {
+        MemoryClaim { store: self.clone(), id: *request.id, token, settled: false }
+    }
+
+    fn new_entry(&self, request: &BeginRequest<'_>, now: Instant, token: u64) -> Entry {
+        Entry {
+            record: Record::new(RecordState::Processing, *request.fingerprint),
+            token,
+            lease_until: now + request.lease,
+            response_until: None,
+            tombstone_until: None,
+            retention: request.retention,
+            settled: Some(watch::channel(()).0),
+        }
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").field("records", &self.len()).finish()
+    }
+}
+
+impl Store for MemoryStore {
+    type Claim = MemoryClaim;
+
+    async fn begin(&self, request: BeginRequest<'_>) -> Result<Begin<MemoryClaim>, StoreError> {
+        let deadline = Instant::now() + request.wait;
+        loop {
+            let (mut waiter, lease_until) = {
+                let mut records = self.lock();
+                let now = Instant::now();
+                let keep = records.get_mut(request.id).map(|entry| entry.age(now));
+                if keep == Some(false) {
+                    records.remove(request.id);
+                }
+                let Some(entry) = records.get_mut(request.id) else {
+                    let token = self.token();
+                    records.insert(*request.id, self.new_entry(&request, now, token));
+                    return Ok(Begin::Claimed(self.claim(&request, token)));
+                };
+                if entry.record.state != RecordState::Processing || entry.record.fingerprint != *request.fingerprint {
+                    return Ok(Begin::Existing(entry.record.clone()));
+                }
+                if now >= entry.lease_until {
+                    match request.stale_lease {
+                        StaleLeasePolicy::MarkUnknown => {
+                            entry.record.state = RecordState::Unknown;
+                            entry.settled = None;
+                            return Ok(Begin::Existing(entry.record.clone()));
+                        }
+                        StaleLeasePolicy::Reexecute => {
+                            let token = self.token();
+                            entry.token = token;
+                            entry.lease_until = now + request.lease;
+                            entry.retention = request.retention;
+                            entry.settled = Some(watch::channel(()).0);
+                            return Ok(Begin::Claimed(self.claim(&request, token)));
+                        }
+                    }
+                }
+                if now >= deadline {
+                    return Ok(Begin::InFlight { retry_after: (entry.lease_until - now).min(request.lease) });
+                }
+                let sender = entry.settled.get_or_insert_with(|| watch::channel(()).0);
+                (sender.subscribe(), entry.lease_until)
+            };
+            // Woken when the holder settles or gives up; else at the deadline or lease end.
+            let _ = tokio::time::timeout_at(deadline.min(lease_until), waiter.changed()).await;
+        }
+    }
+
+    async fn purge(&self, limit: usize) -> Result<usize, StoreError> {
+        let mut records = self.lock();
+        let now = Instant::now();
+        let mut changed = 0;
+        let mut doomed = Vec::new();
+        for (id, entry) in records.iter_mut() {
+            if changed >= limit {
+                break;
+            }
+            let before = entry.record.state;
+            if !entry.age(now) {
+                doomed.push(*id);
+                changed += 1;
+            } else if entry.record.state != before {
+                changed += 1;
+            }
+        }
+        for id in doomed {
+            records.remove(&id);
+        }
+        Ok(changed)
+    }
+}
+
+/// A claim held on a [`MemoryStore`] record.
+#[derive(Debug)]
+pub struct MemoryClaim {
+    store: MemoryStore,
+    id: RecordId,
+    token: u64,
+    settled: bool,
+}
+
+impl Claim for MemoryClaim {
+    type Handle = NoHandle;
+
+    fn handle(&self) -> Option<NoHandle> {
+        None
+    }
+
+    fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {
+        self.settled = true;
+        let mut records = self.store.lock();
+        let Some(entry) = records.get_mut(&self.id) else {
+            return Err(FinishError::LeaseLost);
+        };
+        if entry.token != self.token || entry.record.state != RecordState::Processing {
+            return Err(FinishError::LeaseLost);
+        }
+        let now = Instant::now();
+        let (state, response) = match outcome {
+            Outcome::Release => {
+                records.remove(&self.id);
+                return Ok(());
+            }
+            Outcome::Complete(response) => (RecordState::Completed, response),
+            Outcome::StoreFailure(response) => (RecordState::Failed, response),
+        };
+        entry.record.state = state;
+        entry.record.response = Some(response);
+        entry.response_until = Some(now + entry.retention.response);
+        entry.settled = None;
+        Ok(())
+    }
+}
+
+impl Drop for MemoryClaim {
+    /// An unfinished claim gives up its lease at once, so the next retry applies the
+    /// stale-lease policy instead of waiting for the lease to run out.
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut records = self.store.lock();
+        if let Some(entry) = records.get_mut(&self.id) {
+            if entry.token == self.token && entry.record.state == RecordState::Processing {
+                entry.lease_until = Instant::now();
+                entry.settled = None;
+            }
+        }
+    }
+}

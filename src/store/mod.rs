@@ -1,0 +1,220 @@
+//! The store seam: one trait that serves the atomic mode (claim, business write and stored
+//! response in one database transaction) and the leased mode (claim committed first with a
+//! lease and a fencing token, completion by a fenced update).
+//!
+//! A store *begins* a claim; the claim is an owned value that lives while the handler runs and
+//! is *finished* with the outcome. What the handler needs from the claim (a transaction handle
+//! in atomic mode) is handed out by [`Claim::handle`] and travels in the request's extensions.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::store::{Begin, BeginRequest, Claim, Outcome, Retention, Store};
+//! use tower_idempotency::{Fingerprint, IdempotencyKey, MemoryStore, RecordId, Scope, StoredResponse};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! let id = RecordId::new(&Scope::new("t"), "POST /orders", &IdempotencyKey::new("k").unwrap());
+//! let fp = Fingerprint::from_parts(1, [7; 32]);
+//! let request = BeginRequest::new(&id, &fp);
+//!
+//! let Begin::Claimed(claim) = store.begin(request.clone()).await.unwrap() else { panic!() };
+//! claim.finish(Outcome::Complete(StoredResponse::new(http::StatusCode::CREATED, "done"))).await.unwrap();
+//!
+//! let Begin::Existing(record) = store.begin(request).await.unwrap() else { panic!() };
+//! assert_eq!(record.response.unwrap().body, "done");
+//! # });
+//! ```
+
+pub mod memory;
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::BoxError;
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+use crate::record::{Record, StoredResponse};
+
+/// What to do with a `processing` record whose lease has expired (its holder died).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StaleLeasePolicy {
+    /// Do not re-run blindly: the record becomes `unknown` (the default).
+    #[default]
+    MarkUnknown,
+    /// The route is safe to re-execute (at-least-once with fencing): take the claim over with
+    /// a new fencing token; the old holder's late completion is refused.
+    Reexecute,
+}
+
+/// How long a finished record is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// How long the stored response is replayed after completion (default 24 h).
+    pub response: Duration,
+    /// How long the tombstone is kept after the response is dropped (default 7 days), so a
+    /// late retry gets `idempotency_key_expired` instead of a second execution.
+    pub tombstone: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self { response: Duration::from_secs(24 * 3600), tombstone: Duration::from_secs(7 * 24 * 3600) }
+    }
+}
+
+/// Everything a store needs to claim an identity.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct BeginRequest<'a> {
+    /// The scoped identity.
+    pub id: &'a RecordId,
+    /// The request's fingerprint.
+    pub fingerprint: &'a Fingerprint,
+    /// How long to wait, at most, for an in-flight duplicate to settle.
+    pub wait: Duration,
+    /// The lease of a leased claim.
+    pub lease: Duration,
+    /// What to do with an expired lease.
+    pub stale_lease: StaleLeasePolicy,
+    /// How long the finished record is kept.
+    pub retention: Retention,
+}
+
+impl<'a> BeginRequest<'a> {
+    /// A request with no waiting, a 30 s lease, the default stale-lease policy and retention.
+    pub fn new(id: &'a RecordId, fingerprint: &'a Fingerprint) -> Self {
+        Self {
+            id,
+            fingerprint,
+            wait: Duration::ZERO,
+            lease: Duration::from_secs(30),
+            stale_lease: StaleLeasePolicy::default(),
+            retention: Retention::default(),
+        }
+    }
+
+    /// Sets the bounded wait for an in-flight duplicate.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets the lease.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the stale-lease policy.
+    pub fn stale_lease(mut self, policy: StaleLeasePolicy) -> Self {
+        self.stale_lease = policy;
+        self
+    }
+
+    /// Sets the retention.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+}
+
+/// What [`Store::begin`] found.
+#[derive(Debug)]
+pub enum Begin<C> {
+    /// The identity is ours: run the handler, then [`Claim::finish`].
+    Claimed(C),
+    /// A record already exists (completed, failed, unknown, expired, or in flight with a
+    /// different fingerprint): the layer replays or refuses.
+    Existing(Record),
+    /// A duplicate with the same fingerprint is still in flight after the bounded wait.
+    InFlight {
+        /// A hint for the client's `Retry-After`.
+        retry_after: Duration,
+    },
+}
+
+/// How a claim is settled.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Commit the business write and store the response for replay (`completed`).
+    Complete(StoredResponse),
+    /// Roll the business write back and store the response (`failed`).
+    StoreFailure(StoredResponse),
+    /// Roll back and store nothing: the next retry executes afresh.
+    Release,
+}
+
+/// A store could not answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store is unreachable or failed; nothing was claimed.
+    #[error("idempotency store unavailable")]
+    Unavailable(#[source] BoxError),
+    /// The store answered with data it cannot read (a corrupt or foreign record).
+    #[error("idempotency record unreadable: {0}")]
+    Corrupt(String),
+}
+
+/// Finishing a claim failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FinishError {
+    /// The lease was lost (another holder took over or the record moved on): the outcome was
+    /// not stored.
+    #[error("the claim's lease was lost; the outcome was not stored")]
+    LeaseLost,
+    /// The handler still holds the transaction handle: the transaction was rolled back.
+    #[error("the transaction handle is still held after the response; rolled back")]
+    HandleStillHeld,
+    /// COMMIT failed or its result is unknown.
+    #[error("commit outcome uncertain")]
+    CommitUncertain(#[source] BoxError),
+    /// The store failed before COMMIT; nothing was committed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A backend that claims identities and keeps records.
+///
+/// Implementations: [`MemoryStore`](crate::MemoryStore) (leased mode, in process); durable
+/// stores implement the same trait, so the layer never learns which backend it talks to.
+/// The conformance suite in `testkit::store` checks an implementation against the contract.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// A held claim.
+    type Claim: Claim;
+
+    /// Claims the identity, or reports what is already there. Waits, bounded by
+    /// `request.wait`, on a duplicate with the same fingerprint that is in flight.
+    fn begin(&self, request: BeginRequest<'_>) -> impl Future<Output = Result<Begin<Self::Claim>, StoreError>> + Send;
+
+    /// Turns records past their retention into tombstones and deletes tombstones past theirs,
+    /// at most `limit` records per call. Returns how many records it changed or deleted.
+    fn purge(&self, limit: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
+}
+
+/// A claim on an identity, held while the handler runs.
+///
+/// Dropping a claim without finishing it (the handler failed, panicked or was cancelled)
+/// must not leave an effect without an answer: a transactional claim rolls back, a leased
+/// claim gives up its lease so the stale-lease policy applies to the next retry.
+pub trait Claim: Send + 'static {
+    /// What the handler receives through the request's extensions (a transaction handle in
+    /// atomic mode). Use [`NoHandle`] when the store hands nothing out.
+    type Handle: Clone + Send + Sync + 'static;
+
+    /// The handle for the handler, if this store hands one out.
+    fn handle(&self) -> Option<Self::Handle>;
+
+    /// The fencing token of this claim: strictly greater than any earlier claim's on the
+    /// same identity.
+    fn fencing_token(&self) -> u64;
+
+    /// Settles the claim. In atomic mode this stores the response and COMMITs (or rolls back).
+    fn finish(self, outcome: Outcome) -> impl Future<Output = Result<(), FinishError>> + Send;
+}
+
+/// The handle of a store that hands nothing to the handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoHandle {}
