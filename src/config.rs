@@ -13,6 +13,9 @@ use crate::outcome::Classifier;
 use crate::store::Retention;
 pub use crate::store::StaleLeasePolicy;
 
+/// The application's scope function.
+pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
+
 /// Where the scope of a guarded request comes from.
 #[derive(Clone)]
 pub(crate) enum ScopeSource {
@@ -21,7 +24,7 @@ pub(crate) enum ScopeSource {
     /// One scope for every caller, chosen explicitly by the application.
     Shared(Scope),
     /// The application's function.
-    With(Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>),
+    With(ScopeFn),
 }
 
 impl ScopeSource {

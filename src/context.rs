@@ -16,7 +16,7 @@
 //! # assert_eq!(charge(&http::Request::new(())), None);
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::key::RecordId;
 
@@ -29,15 +29,15 @@ pub struct IdempotencyContext {
 struct Inner {
     id: RecordId,
     operation: Arc<str>,
-    operation_id: String,
+    operation_id: OnceLock<String>,
     fencing_token: u64,
 }
 
 impl IdempotencyContext {
     /// A context for `id`, as the layer builds it (public so handlers can be unit-tested).
     pub fn new(id: RecordId, operation: impl Into<Arc<str>>, fencing_token: u64) -> Self {
-        let operation_id = id.operation_id();
-        Self { inner: Arc::new(Inner { id, operation: operation.into(), operation_id, fencing_token }) }
+        let inner = Inner { id, operation: operation.into(), operation_id: OnceLock::new(), fencing_token };
+        Self { inner: Arc::new(inner) }
     }
 
     /// The scoped identity (a digest: safe to log).
@@ -53,7 +53,7 @@ impl IdempotencyContext {
     /// A stable, UUID-shaped id for this (scope, operation, key): the same on every retry.
     /// Store it with the business write to link the two.
     pub fn operation_id(&self) -> &str {
-        &self.inner.operation_id
+        self.inner.operation_id.get_or_init(|| self.inner.id.operation_id())
     }
 
     /// A key for a downstream call, stable for this identity and `purpose`.
@@ -73,7 +73,7 @@ impl std::fmt::Debug for IdempotencyContext {
         f.debug_struct("IdempotencyContext")
             .field("record_id", &self.inner.id)
             .field("operation", &self.inner.operation)
-            .field("operation_id", &self.inner.operation_id)
+            .field("operation_id", &self.operation_id())
             .field("fencing_token", &self.inner.fencing_token)
             .finish()
     }

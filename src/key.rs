@@ -120,11 +120,6 @@ pub fn parse_field_value(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
     // A bare key. A real sf-token starts with a letter or `*`, but clients send unquoted
     // UUIDs and numbers, which RFC 8941 would read as integers: accept any run of visible
     // ASCII that is not a list, a parameterised item or a broken string.
-    if let Ok(list) = sfv::Parser::new(trimmed).parse::<sfv::List>() {
-        if list.len() > 1 {
-            return Err(KeyError::List);
-        }
-    }
     if trimmed.contains(&b',') {
         return Err(KeyError::List);
     }

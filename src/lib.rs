@@ -96,8 +96,6 @@ pub mod testkit;
 
 pub use body::IdempotencyBody;
 pub use config::{RolloutMode, RolloutSwitch};
-pub use service::REPLAYED_HEADER;
-pub use store::StaleLeasePolicy;
 pub use context::IdempotencyContext;
 pub use fingerprint::{Fingerprint, FingerprintSpec};
 pub use future::ResponseFuture;
@@ -106,6 +104,8 @@ pub use layer::IdempotencyLayer;
 pub use outcome::OutcomeClass;
 pub use record::{Record, RecordState, StoredResponse};
 pub use service::IdempotencyService;
+pub use service::REPLAYED_HEADER;
+pub use store::StaleLeasePolicy;
 pub use store::memory::MemoryStore;
 pub use store::{Begin, BeginRequest, Claim, Outcome, Retention, Store};
 

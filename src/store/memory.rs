@@ -54,13 +54,14 @@ struct Entry {
 impl Entry {
     /// Applies retention as of `now`. Returns false when the entry should be deleted.
     fn age(&mut self, now: Instant) -> bool {
-        if let Some(until) = self.response_until {
-            if now >= until && matches!(self.record.state, RecordState::Completed | RecordState::Failed) {
-                self.record.state = RecordState::Expired;
-                self.record.response = None;
-                self.response_until = None;
-                self.tombstone_until = Some(until + self.retention.tombstone);
-            }
+        if let Some(until) = self.response_until
+            && now >= until
+            && matches!(self.record.state, RecordState::Completed | RecordState::Failed)
+        {
+            self.record.state = RecordState::Expired;
+            self.record.response = None;
+            self.response_until = None;
+            self.tombstone_until = Some(until + self.retention.tombstone);
         }
         !matches!(self.tombstone_until, Some(until) if now >= until)
     }
@@ -111,7 +112,8 @@ impl MemoryStore {
             response_until: None,
             tombstone_until: None,
             retention: request.retention,
-            settled: Some(watch::channel(()).0),
+            // Made when the first duplicate waits: most claims are never waited on.
+            settled: None,
         }
     }
 }
@@ -155,7 +157,7 @@ impl Store for MemoryStore {
                             entry.token = token;
                             entry.lease_until = now + request.lease;
                             entry.retention = request.retention;
-                            entry.settled = Some(watch::channel(()).0);
+                            entry.settled = None;
                             return Ok(Begin::Claimed(self.claim(&request, token)));
                         }
                     }
@@ -249,11 +251,12 @@ impl Drop for MemoryClaim {
             return;
         }
         let mut records = self.store.lock();
-        if let Some(entry) = records.get_mut(&self.id) {
-            if entry.token == self.token && entry.record.state == RecordState::Processing {
-                entry.lease_until = Instant::now();
-                entry.settled = None;
-            }
+        if let Some(entry) = records.get_mut(&self.id)
+            && entry.token == self.token
+            && entry.record.state == RecordState::Processing
+        {
+            entry.lease_until = Instant::now();
+            entry.settled = None;
         }
     }
 }

@@ -21,10 +21,10 @@ use tokio::sync::{Barrier, Semaphore};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::IdempotencyLayer;
 use crate::key::Scope;
 use crate::outcome::OutcomeClass;
 use crate::store::Store;
-use crate::IdempotencyLayer;
 
 /// The reference application. Routes (any method):
 ///
@@ -79,10 +79,10 @@ impl TestApp {
 
     async fn handle(self, request: Request<Full<Bytes>>) -> Response<Full<Bytes>> {
         let path = request.uri().path().to_owned();
-        if path == "/slow" {
-            if let Ok(permit) = self.gate.0.acquire().await {
-                permit.forget();
-            }
+        if path == "/slow"
+            && let Ok(permit) = self.gate.0.acquire().await
+        {
+            permit.forget();
         }
         let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let execution = self.record(&path);
@@ -99,7 +99,10 @@ impl TestApp {
             _ => {
                 *response.status_mut() = StatusCode::CREATED;
                 let headers = response.headers_mut();
-                headers.insert(header::LOCATION, HeaderValue::from_str(&format!("/things/{execution}")).expect("location"));
+                headers.insert(
+                    header::LOCATION,
+                    HeaderValue::from_str(&format!("/things/{execution}")).expect("location"),
+                );
                 headers.insert(header::ETAG, HeaderValue::from_str(&format!("\"v{execution}\"")).expect("etag"));
                 headers.insert(header::SET_COOKIE, HeaderValue::from_static("session=secret; HttpOnly"));
                 headers.insert("x-internal", HeaderValue::from_static("not-for-replay"));

@@ -63,7 +63,11 @@ pub async fn claims_a_new_identity<S: Store>(store: S) {
 pub async fn replays_a_completed_record<S: Store>(store: S) {
     let id = fresh_id("completed");
     let fp = fingerprint(2);
-    claim(&store, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("{\"id\":1}"))).await.expect("finish");
+    claim(&store, BeginRequest::new(&id, &fp))
+        .await
+        .finish(Outcome::Complete(answer("{\"id\":1}")))
+        .await
+        .expect("finish");
     let record = existing(&store, BeginRequest::new(&id, &fp)).await;
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.fingerprint, fp);
@@ -75,7 +79,11 @@ pub async fn replays_a_stored_failure<S: Store>(store: S) {
     let id = fresh_id("failed");
     let fp = fingerprint(3);
     let declined = StoredResponse::new(StatusCode::PAYMENT_REQUIRED, "declined");
-    claim(&store, BeginRequest::new(&id, &fp)).await.finish(Outcome::StoreFailure(declined.clone())).await.expect("finish");
+    claim(&store, BeginRequest::new(&id, &fp))
+        .await
+        .finish(Outcome::StoreFailure(declined.clone()))
+        .await
+        .expect("finish");
     let record = existing(&store, BeginRequest::new(&id, &fp)).await;
     assert_eq!(record.state, RecordState::Failed);
     assert_eq!(record.response, Some(declined));
@@ -290,5 +298,9 @@ pub async fn dropped_atomic_claim_leaves_nothing<S: Store>(store: S) {
     let id = fresh_id("dropped-atomic");
     let fp = fingerprint(17);
     drop(claim(&store, BeginRequest::new(&id, &fp)).await);
-    claim(&store, BeginRequest::new(&id, &fp).wait(Duration::from_secs(5))).await.finish(Outcome::Release).await.expect("finish");
+    claim(&store, BeginRequest::new(&id, &fp).wait(Duration::from_secs(5)))
+        .await
+        .finish(Outcome::Release)
+        .await
+        .expect("finish");
 }
