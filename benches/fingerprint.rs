@@ -93,8 +93,10 @@ fn order(rng: &mut Rng, id: u64, out: &mut String) {
     );
 }
 
-/// An orders page of at most `target` bytes (at least one order).
+/// An orders page of at most `target` bytes: whole orders while they fit
+/// (at least one), then small audit entries to fill up.
 fn body(target: usize) -> Vec<u8> {
+    use std::fmt::Write as _;
     const TAIL: &str = r#"],"has_more":false}"#;
     let mut rng = Rng(target as u64);
     let mut out = String::from(r#"{"page":1,"orders":["#);
@@ -105,7 +107,25 @@ fn body(target: usize) -> Vec<u8> {
             next.push(',');
         }
         order(&mut rng, id, &mut next);
-        if id > 0 && out.len() + next.len() + TAIL.len() > target {
+        if id > 0 && out.len() + next.len() + TAIL.len() + 11 > target {
+            break;
+        }
+        out.push_str(&next);
+    }
+    out.push_str(r#"],"audit":["#);
+    for k in 0.. {
+        next.clear();
+        if k > 0 {
+            next.push(',');
+        }
+        let _ = write!(
+            next,
+            r#"{{"at":{},"by":"usr_{:04}","action":"{}"}}"#,
+            1_700_000_000_000u64 + rng.below(1_000_000_000),
+            rng.below(10_000),
+            rng.pick(&["viewed", "edited", "approved", "exported"]),
+        );
+        if out.len() + next.len() + TAIL.len() > target {
             break;
         }
         out.push_str(&next);

@@ -488,38 +488,50 @@ fn canonical_number(
     exponent: Option<(bool, &[u8])>,
     arena: &mut Vec<u8>,
 ) -> Option<Node> {
-    let n_int = int.len();
-    let digit = |k: usize| if k < n_int { int[k] } else { frac[k - n_int] };
-    let n = n_int + frac.len();
-    let Some(first) = (0..n).find(|&k| digit(k) != b'0') else {
-        return Some(Node::Zero);
+    // By the grammar `int` has no leading zero unless it is exactly `0`.
+    let int = if int == b"0" { &int[..0] } else { int };
+    let frac_end = frac.iter().rposition(|&d| d != b'0').map_or(0, |k| k + 1);
+    let (int_digits, frac_digits, trailing) = if frac_end == 0 {
+        let int_end = int.iter().rposition(|&d| d != b'0').map_or(0, |k| k + 1);
+        (&int[..int_end], &frac[..0], frac.len() + int.len() - int_end)
+    } else {
+        (int, &frac[..frac_end], frac.len() - frac_end)
     };
-    // `first` exists, so a last nonzero digit does too.
-    let last = (first..n).rev().find(|&k| digit(k) != b'0')?;
-    let trailing = n - 1 - last;
+    let frac_digits = if int_digits.is_empty() {
+        let first = frac_digits.iter().position(|&d| d != b'0');
+        &frac_digits[first.unwrap_or(frac_digits.len())..]
+    } else {
+        frac_digits
+    };
+    if int_digits.is_empty() && frac_digits.is_empty() {
+        return Some(Node::Zero);
+    }
     let exp = match exponent {
         None => 0i64,
         Some((exp_negative, digits)) => {
-            let significant = digits.iter().position(|&d| d != b'0').map_or(&[][..], |k| &digits[k..]);
+            let significant = digits
+                .iter()
+                .position(|&d| d != b'0')
+                .map_or(&[][..], |k| &digits[k..]);
             if significant.len() > 18 {
                 return None;
             }
-            let magnitude = significant.iter().fold(0i64, |acc, &d| acc * 10 + i64::from(d - b'0'));
+            let magnitude = significant
+                .iter()
+                .fold(0i64, |acc, &d| acc * 10 + i64::from(d - b'0'));
             if exp_negative { -magnitude } else { magnitude }
         }
     };
-    let exp = exp.checked_sub(i64::try_from(frac.len()).ok()?)?.checked_add(i64::try_from(trailing).ok()?)?;
+    let exp = exp
+        .checked_sub(i64::try_from(frac.len()).ok()?)?
+        .checked_add(i64::try_from(trailing).ok()?)?;
 
     let arena_start = arena.len();
     if negative {
         arena.push(b'-');
     }
-    if first < n_int {
-        arena.extend_from_slice(&int[first..n_int.min(last + 1)]);
-    }
-    if last >= n_int {
-        arena.extend_from_slice(&frac[first.max(n_int) - n_int..last + 1 - n_int]);
-    }
+    arena.extend_from_slice(int_digits);
+    arena.extend_from_slice(frac_digits);
     if exp != 0 {
         arena.push(b'e');
         push_i64(arena, exp);
@@ -606,12 +618,33 @@ fn next_sibling(tape: &[Node], index: usize) -> usize {
     }
 }
 
+/// The first 8 bytes of a member name, big-endian, zero-padded.
 #[inline(always)]
-fn prefix(bytes: &[u8]) -> u64 {
-    let mut word = [0u8; 8];
-    let n = bytes.len().min(8);
-    word[..n].copy_from_slice(&bytes[..n]);
-    u64::from_be_bytes(word)
+fn prefix(input: &[u8], arena: &[u8], node: Node) -> u64 {
+    let (buf, start, end) = match node {
+        Node::Str { start, end } => (input, start as usize, end as usize),
+        Node::StrArena { start, end } => (arena, start as usize, end as usize),
+        _ => return 0,
+    };
+    let len = end - start;
+    // Usually 8 bytes can be read at the start (past the end of a short name
+    // are its closing quote and what follows); mask off the excess.
+    if let Some(word) = buf
+        .get(start..start + 8)
+        .and_then(|w| <[u8; 8]>::try_from(w).ok())
+    {
+        let word = u64::from_be_bytes(word);
+        return if len >= 8 {
+            word
+        } else {
+            word & !(u64::MAX >> (len * 8))
+        };
+    }
+    buf[start..end]
+        .iter()
+        .take(8)
+        .enumerate()
+        .fold(0, |acc, (k, &b)| acc | u64::from(b) << (56 - 8 * k))
 }
 
 /// Sorts an object's members by name. `false` on a duplicate name.
@@ -698,7 +731,7 @@ fn emit(input: &[u8], pointers: &[Pointer], s: &mut Scratch, out: &mut Vec<u8>) 
                 let members_start = members.len();
                 let mut k = next + 1;
                 while k < end as usize {
-                    members.push(Member { prefix: prefix(node_bytes(input, arena, tape[k])), key: k as u32 });
+                    members.push(Member { prefix: prefix(input, arena, tape[k]), key: k as u32 });
                     k = next_sibling(tape, k + 1);
                 }
                 if !sort_members(&mut members[members_start..], input, arena, tape) {
