@@ -93,6 +93,8 @@ mod service;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod tx;
 
 pub use body::IdempotencyBody;
 pub use config::{RolloutMode, RolloutSwitch};
@@ -107,7 +109,11 @@ pub use service::IdempotencyService;
 pub use service::REPLAYED_HEADER;
 pub use store::StaleLeasePolicy;
 pub use store::memory::MemoryStore;
-pub use store::{Begin, BeginRequest, Claim, Outcome, Retention, Store};
+#[cfg(feature = "postgres")]
+pub use store::postgres::PostgresStore;
+pub use store::{Begin, BeginRequest, Claim, CouplingMode, Outcome, Retention, Store};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use tx::TxHandle;
 
 /// The error type of boxed, type-erased errors used by bodies and stores.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

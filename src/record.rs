@@ -91,6 +91,41 @@ impl StoredResponse {
         Self { status, headers: Vec::new(), body: body.into() }
     }
 
+    /// The headers in the stores' binary form: for each header, the name's and the value's
+    /// lengths (u32, big-endian) followed by their bytes.
+    pub fn encode_headers(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.headers.iter().map(|(n, v)| 8 + n.as_str().len() + v.len()).sum());
+        for (name, value) in &self.headers {
+            for part in [name.as_str().as_bytes(), value.as_bytes()] {
+                out.extend_from_slice(&(part.len() as u32).to_be_bytes());
+                out.extend_from_slice(part);
+            }
+        }
+        out
+    }
+
+    /// Reads headers written by [`encode_headers`](Self::encode_headers); `None` if the bytes
+    /// are not such an encoding.
+    pub fn decode_headers(mut bytes: &[u8]) -> Option<Vec<(HeaderName, HeaderValue)>> {
+        fn part<'a>(bytes: &mut &'a [u8]) -> Option<&'a [u8]> {
+            let (len, rest) = bytes.split_first_chunk::<4>()?;
+            let len = u32::from_be_bytes(*len) as usize;
+            if rest.len() < len {
+                return None;
+            }
+            let (part, rest) = rest.split_at(len);
+            *bytes = rest;
+            Some(part)
+        }
+        let mut headers = Vec::new();
+        while !bytes.is_empty() {
+            let name = HeaderName::from_bytes(part(&mut bytes)?).ok()?;
+            let value = HeaderValue::from_bytes(part(&mut bytes)?).ok()?;
+            headers.push((name, value));
+        }
+        Some(headers)
+    }
+
     /// The stored headers as a map.
     pub fn header_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(self.headers.len());
@@ -138,6 +173,17 @@ mod tests {
         for next in ALL {
             assert_eq!(Completed.can_become(next), next == Expired, "completed -> {next:?}");
         }
+    }
+
+    #[test]
+    fn headers_round_trip_through_the_binary_form() {
+        let mut response = super::StoredResponse::new(http::StatusCode::CREATED, "x");
+        response.headers.push((http::header::LOCATION, http::HeaderValue::from_static("/a")));
+        response.headers.push((http::header::LINK, http::HeaderValue::from_bytes(b"<\xff>").unwrap()));
+        let encoded = response.encode_headers();
+        assert_eq!(super::StoredResponse::decode_headers(&encoded), Some(response.headers));
+        assert_eq!(super::StoredResponse::decode_headers(&encoded[..encoded.len() - 1]), None);
+        assert_eq!(super::StoredResponse::decode_headers(&[]), Some(vec![]));
     }
 
     #[test]

@@ -407,8 +407,10 @@ fn number(input: &[u8], start: usize, tape: &mut Vec<Node>, arena: &mut Vec<u8>)
         }
         _ => return None,
     }
-    if let Some(b'.' | b'e' | b'E') = input.get(i) {
-        return number_slow(input, start, tape, arena);
+    match input.get(i) {
+        Some(b'.') => return decimal(input, start, int_start, i, tape, arena),
+        Some(b'e' | b'E') => return number_slow(input, start, tape, arena),
+        _ => {}
     }
     if input[i - 1] != b'0' {
         tape.push(Node::Raw { start: start as u32, end: i as u32 });
@@ -417,6 +419,47 @@ fn number(input: &[u8], start: usize, tape: &mut Vec<Node>, arena: &mut Vec<u8>)
     } else {
         return number_slow(input, start, tape, arena);
     }
+    Some(i)
+}
+
+/// A number with a fraction; `dot` is the position of its `.`. Without an
+/// exponent and with a nonzero last digit its canonical form is the
+/// significant digits then `e-<fraction length>`; the rest go to
+/// [`number_slow`].
+#[inline(always)]
+fn decimal(
+    input: &[u8],
+    start: usize,
+    int_start: usize,
+    dot: usize,
+    tape: &mut Vec<Node>,
+    arena: &mut Vec<u8>,
+) -> Option<usize> {
+    let frac_start = dot + 1;
+    let mut i = frac_start;
+    while let Some(b'0'..=b'9') = input.get(i) {
+        i += 1;
+    }
+    if i == frac_start || input[i - 1] == b'0' || matches!(input.get(i), Some(b'e' | b'E')) {
+        return number_slow(input, start, tape, arena);
+    }
+    let arena_start = arena.len();
+    if input[int_start] == b'0' {
+        // `-0.00xy`: the significant digits are the fraction's from its
+        // first nonzero digit (there is one: the last).
+        if start < int_start {
+            arena.push(b'-');
+        }
+        let frac = &input[frac_start..i];
+        let first = frac.iter().position(|&d| d != b'0').unwrap_or(0);
+        arena.extend_from_slice(&frac[first..]);
+    } else {
+        arena.extend_from_slice(&input[start..dot]);
+        arena.extend_from_slice(&input[frac_start..i]);
+    }
+    arena.extend_from_slice(b"e-");
+    push_i64(arena, i64::try_from(i - frac_start).ok()?);
+    tape.push(Node::RawArena { start: u32_of(arena_start)?, end: u32_of(arena.len())? });
     Some(i)
 }
 
@@ -509,22 +552,15 @@ fn canonical_number(
     let exp = match exponent {
         None => 0i64,
         Some((exp_negative, digits)) => {
-            let significant = digits
-                .iter()
-                .position(|&d| d != b'0')
-                .map_or(&[][..], |k| &digits[k..]);
+            let significant = digits.iter().position(|&d| d != b'0').map_or(&[][..], |k| &digits[k..]);
             if significant.len() > 18 {
                 return None;
             }
-            let magnitude = significant
-                .iter()
-                .fold(0i64, |acc, &d| acc * 10 + i64::from(d - b'0'));
+            let magnitude = significant.iter().fold(0i64, |acc, &d| acc * 10 + i64::from(d - b'0'));
             if exp_negative { -magnitude } else { magnitude }
         }
     };
-    let exp = exp
-        .checked_sub(i64::try_from(frac.len()).ok()?)?
-        .checked_add(i64::try_from(trailing).ok()?)?;
+    let exp = exp.checked_sub(i64::try_from(frac.len()).ok()?)?.checked_add(i64::try_from(trailing).ok()?)?;
 
     let arena_start = arena.len();
     if negative {
@@ -629,22 +665,11 @@ fn prefix(input: &[u8], arena: &[u8], node: Node) -> u64 {
     let len = end - start;
     // Usually 8 bytes can be read at the start (past the end of a short name
     // are its closing quote and what follows); mask off the excess.
-    if let Some(word) = buf
-        .get(start..start + 8)
-        .and_then(|w| <[u8; 8]>::try_from(w).ok())
-    {
+    if let Some(word) = buf.get(start..start + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
         let word = u64::from_be_bytes(word);
-        return if len >= 8 {
-            word
-        } else {
-            word & !(u64::MAX >> (len * 8))
-        };
+        return if len >= 8 { word } else { word & !(u64::MAX >> (len * 8)) };
     }
-    buf[start..end]
-        .iter()
-        .take(8)
-        .enumerate()
-        .fold(0, |acc, (k, &b)| acc | u64::from(b) << (56 - 8 * k))
+    buf[start..end].iter().take(8).enumerate().fold(0, |acc, (k, &b)| acc | u64::from(b) << (56 - 8 * k))
 }
 
 /// Sorts an object's members by name. `false` on a duplicate name.
@@ -699,14 +724,25 @@ fn push_escaped(out: &mut Vec<u8>, s: &[u8]) {
 
 /// Writes a string node: in place when it had no escapes (its bytes are
 /// then already canonical), else re-escaped from its decoded bytes.
+///
+/// A string without escapes is copied with its quotes straight from the
+/// input, and for a member name (`colon`) with the `:` when it follows
+/// directly.
 #[inline(always)]
-fn push_string(out: &mut Vec<u8>, input: &[u8], arena: &[u8], node: Node) {
-    if let Node::Str { .. } = node {
-        out.push(b'"');
-        out.extend_from_slice(node_bytes(input, arena, node));
-        out.push(b'"');
+fn push_string(out: &mut Vec<u8>, input: &[u8], arena: &[u8], node: Node, colon: bool) {
+    if let Node::Str { start, end } = node {
+        // The quotes are at `start - 1` and `end`.
+        let (start, end) = (start as usize - 1, end as usize + 1);
+        if colon && input.get(end) == Some(&b':') {
+            out.extend_from_slice(&input[start..end + 1]);
+            return;
+        }
+        out.extend_from_slice(&input[start..end]);
     } else {
         push_escaped(out, node_bytes(input, arena, node));
+    }
+    if colon {
+        out.push(b':');
     }
 }
 
@@ -763,7 +799,7 @@ fn emit(input: &[u8], pointers: &[Pointer], s: &mut Scratch, out: &mut Vec<u8>) 
                 });
             }
             node @ (Node::Str { .. } | Node::StrArena { .. }) => {
-                push_string(out, input, arena, node);
+                push_string(out, input, arena, node, false);
                 active.truncate(next_active);
             }
             node @ (Node::Raw { .. } | Node::RawArena { .. } | Node::Zero) => {
@@ -826,8 +862,22 @@ fn emit(input: &[u8], pointers: &[Pointer], s: &mut Scratch, out: &mut Vec<u8>) 
                 out.push(b',');
             }
             if let Some(key) = key {
-                push_string(out, input, arena, key);
-                out.push(b':');
+                // A member written as `"name":value` with an unescaped name
+                // and a value that is canonical as written: one copy.
+                if let Node::Str { start, end } = key {
+                    let (name_start, after_colon) = (start as usize - 1, end as usize + 2);
+                    let span_end = match tape[value] {
+                        Node::Str { start, end } if start as usize == after_colon + 1 => Some(end as usize + 1),
+                        Node::Raw { start, end } if start as usize == after_colon => Some(end as usize),
+                        _ => None,
+                    };
+                    if let Some(span_end) = span_end {
+                        out.extend_from_slice(&input[name_start..span_end]);
+                        active.truncate(child_active);
+                        continue;
+                    }
+                }
+                push_string(out, input, arena, key, true);
             }
             next = value;
             next_active = child_active;

@@ -26,6 +26,10 @@
 //! ```
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod sql;
 
 use std::future::Future;
 use std::time::Duration;
@@ -45,6 +49,19 @@ pub enum StaleLeasePolicy {
     /// The route is safe to re-execute (at-least-once with fencing): take the claim over with
     /// a new fencing token; the old holder's late completion is refused.
     Reexecute,
+}
+
+/// How a store couples the claim to the handler's business write (CONTRACT §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum CouplingMode {
+    /// The claim, the handler's writes and the stored response are one database transaction,
+    /// handed to the handler; the response leaves only after COMMIT.
+    #[default]
+    Atomic,
+    /// The claim commits first as `processing` with a lease and a fencing token; the outcome
+    /// is written by a fenced update. For handlers that call the outside world.
+    Leased,
 }
 
 /// How long a finished record is kept.

@@ -1,0 +1,115 @@
+//! What the SQL stores share: reading a record row back, and deciding what it means.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use super::{StaleLeasePolicy, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::record::{Record, RecordState, StoredResponse};
+
+/// A record row as read back, with the time comparisons done by the database.
+#[derive(Debug)]
+pub(crate) struct RecordRow {
+    pub(crate) state: String,
+    pub(crate) fingerprint_version: i16,
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) fencing_token: i64,
+    /// How long the lease has left, in milliseconds (negative or zero: expired).
+    pub(crate) lease_left_ms: Option<i64>,
+    pub(crate) response_expired: bool,
+    pub(crate) forgotten: bool,
+    pub(crate) response_status: Option<i16>,
+    pub(crate) response_headers: Option<Vec<u8>>,
+    pub(crate) response_body: Option<Vec<u8>>,
+}
+
+/// What to do about a row found in the way of a claim.
+#[derive(Debug)]
+pub(crate) enum Found {
+    /// The row is past its tombstone time: treat it as absent and claim again.
+    Forgotten,
+    /// Answer from this record.
+    Record(Record),
+    /// A leased holder died: mark the record `unknown` (fenced by this token), then answer.
+    StaleLease { token: i64, record: Record },
+    /// A leased holder is alive: wait up to this long, then look again.
+    Live { lease_left: Duration },
+}
+
+impl RecordRow {
+    pub(crate) fn decide(self, fingerprint: &Fingerprint, policy: StaleLeasePolicy) -> Result<Found, StoreError> {
+        if self.forgotten {
+            return Ok(Found::Forgotten);
+        }
+        let state = RecordState::parse(&self.state)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown record state {:?}", self.state)))?;
+        let digest: [u8; 32] = self
+            .fingerprint
+            .as_slice()
+            .try_into()
+            .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
+        let version = u8::try_from(self.fingerprint_version)
+            .map_err(|_| StoreError::Corrupt("fingerprint version out of range".into()))?;
+        let stored_fingerprint = Fingerprint::from_parts(version, digest);
+        let expired = state == RecordState::Expired
+            || (matches!(state, RecordState::Completed | RecordState::Failed) && self.response_expired);
+        if expired {
+            return Ok(Found::Record(Record::new(RecordState::Expired, stored_fingerprint)));
+        }
+        if stored_fingerprint != *fingerprint {
+            return Ok(Found::Record(Record::new(state, stored_fingerprint)));
+        }
+        match state {
+            RecordState::Processing => {
+                let left = self.lease_left_ms.unwrap_or(0);
+                if left > 0 {
+                    Ok(Found::Live { lease_left: Duration::from_millis(left as u64) })
+                } else if policy == StaleLeasePolicy::MarkUnknown {
+                    let record = Record::new(RecordState::Unknown, stored_fingerprint);
+                    Ok(Found::StaleLease { token: self.fencing_token, record })
+                } else {
+                    // Re-executable: the claim statement takes the stale lease over.
+                    Ok(Found::Forgotten)
+                }
+            }
+            RecordState::Completed | RecordState::Failed => {
+                let response = self.response()?;
+                Ok(Found::Record(Record::with_response(state, stored_fingerprint, response)))
+            }
+            _ => Ok(Found::Record(Record::new(state, stored_fingerprint))),
+        }
+    }
+
+    fn response(&self) -> Result<StoredResponse, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt(format!("stored response {what}"));
+        let status = self.response_status.ok_or_else(|| corrupt("has no status"))?;
+        let status = u16::try_from(status)
+            .ok()
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .ok_or_else(|| corrupt("status is invalid"))?;
+        let headers = StoredResponse::decode_headers(self.response_headers.as_deref().unwrap_or_default())
+            .ok_or_else(|| corrupt("headers are unreadable"))?;
+        let body = Bytes::from(self.response_body.clone().unwrap_or_default());
+        Ok(StoredResponse { status, headers, body })
+    }
+}
+
+/// Checks that a schema or table name is a plain SQL identifier (it is spliced into SQL).
+pub(crate) fn check_identifier(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 48
+        && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{name:?} is not a plain lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 48 bytes)"))
+    }
+}
+
+/// Milliseconds of a duration, saturating, for SQL intervals.
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,145 @@
+//! The transaction handle handed to handlers in atomic mode (features `postgres`, `sqlite`).
+//!
+//! In atomic mode the claim, the handler's business writes and the stored response are one
+//! database transaction. The layer puts a [`TxHandle`] into the request's extensions; the
+//! handler locks it and runs its queries on the connection it gives out. After the handler
+//! answers, the layer stores the response in the same transaction and commits; the response
+//! leaves only after COMMIT.
+//!
+//! Give the handle back by dropping it (and every clone) before answering: a handle still held
+//! when the response comes back makes the layer roll back and answer 500 (fail closed), because
+//! whoever holds it may still mean to write.
+//!
+//! Handlers can be unit-tested with a handle built from a plain transaction, [`TxHandle::new`]:
+//!
+//! ```no_run
+//! # #[cfg(feature = "sqlite")]
+//! # async fn demo() -> Result<(), sqlx::Error> {
+//! use tower_idempotency::tx::TxHandle;
+//!
+//! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+//! let handle = TxHandle::new(pool.begin().await?);
+//! {
+//!     let mut conn = handle.acquire().await.expect("the transaction is open");
+//!     sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY)").execute(&mut *conn).await?;
+//! }
+//! handle.take().await.expect("still open").commit().await?;
+//! # Ok(()) }
+//! ```
+
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use sqlx::{Database, Transaction};
+use tokio::sync::{Mutex, MutexGuard};
+
+/// A shared handle on the request's database transaction.
+pub struct TxHandle<DB: Database> {
+    slot: Arc<Mutex<Option<Transaction<'static, DB>>>>,
+}
+
+impl<DB: Database> Clone for TxHandle<DB> {
+    fn clone(&self) -> Self {
+        Self { slot: self.slot.clone() }
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for TxHandle<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxHandle").field("database", &DB::NAME).finish()
+    }
+}
+
+/// The handle was used after the layer finished the transaction.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the idempotency transaction is already finished; the handle was kept past the response")]
+pub struct TxFinished;
+
+impl<DB: Database> TxHandle<DB> {
+    /// A handle on `transaction`: how the stores build it, and how unit tests of handlers do.
+    pub fn new(transaction: Transaction<'static, DB>) -> Self {
+        Self { slot: Arc::new(Mutex::new(Some(transaction))) }
+    }
+
+    /// Locks the transaction and gives out its connection for the handler's queries:
+    /// `sqlx::query(..).execute(&mut *conn)`.
+    pub async fn acquire(&self) -> Result<TxConnection<'_, DB>, TxFinished> {
+        let guard = self.slot.lock().await;
+        if guard.is_none() {
+            return Err(TxFinished);
+        }
+        Ok(TxConnection { guard })
+    }
+
+    /// Takes the transaction out of the handle (what the layer does when it finishes).
+    pub async fn take(&self) -> Option<Transaction<'static, DB>> {
+        self.slot.lock().await.take()
+    }
+
+    /// Whether anyone but the caller still holds this handle (a clone, or a lock guard).
+    pub(crate) fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.slot) > 1
+    }
+
+    /// Takes the transaction without waiting; `None` if it is locked or gone.
+    pub(crate) fn try_take(&self) -> Option<Transaction<'static, DB>> {
+        self.slot.try_lock().ok()?.take()
+    }
+}
+
+/// The transaction's connection, locked for the handler. Dereferences to the driver's
+/// connection (`PgConnection`, `SqliteConnection`), which is an `sqlx::Executor` as
+/// `&mut *conn`.
+pub struct TxConnection<'a, DB: Database> {
+    guard: MutexGuard<'a, Option<Transaction<'static, DB>>>,
+}
+
+impl<DB: Database> Deref for TxConnection<'_, DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        self.guard.as_ref().expect("checked open when acquired")
+    }
+}
+
+impl<DB: Database> DerefMut for TxConnection<'_, DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        self.guard.as_mut().expect("checked open when acquired")
+    }
+}
+
+#[cfg(feature = "axum")]
+mod axum_extract {
+    use axum::extract::FromRequestParts;
+    use axum::response::{IntoResponse, Response};
+    use http::request::Parts;
+    use sqlx::Database;
+
+    use super::TxHandle;
+
+    /// The rejection when a handler asks for a [`TxHandle`] on a route without an atomic
+    /// idempotency layer.
+    #[derive(Debug, Clone, Copy)]
+    pub struct MissingTx;
+
+    impl IntoResponse for MissingTx {
+        fn into_response(self) -> Response {
+            let body = "{\"title\":\"Idempotency transaction missing\",\"status\":500,\"detail\":\"this handler \
+                        needs a TxHandle, but the route is not wrapped by an IdempotencyLayer over an atomic \
+                        PostgresStore or SqliteStore\"}";
+            (http::StatusCode::INTERNAL_SERVER_ERROR, [(http::header::CONTENT_TYPE, "application/problem+json")], body)
+                .into_response()
+        }
+    }
+
+    impl<DB: Database, S: Send + Sync> FromRequestParts<S> for TxHandle<DB> {
+        type Rejection = MissingTx;
+
+        async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+            parts.extensions.get::<TxHandle<DB>>().cloned().ok_or(MissingTx)
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+pub use axum_extract::MissingTx;
