@@ -1,12 +1,19 @@
 //! # An orders service whose `POST /orders` is safe to retry
 //!
-//! The reference example of `tower-idempotency`: a small axum service that creates orders.
-//! A client that times out can send the same `POST /orders` again with the same
+//! The reference example of `tower-idempotency`: a small axum service that creates orders in
+//! a database. A client that times out can send the same `POST /orders` again with the same
 //! `Idempotency-Key`; the service creates the order at most once and answers every retry
 //! with the first answer, byte for byte, marked `Idempotent-Replayed: true`.
 //!
 //! What it shows:
 //!
+//! - **One transaction for the order and its answer.** The idempotency store runs in atomic
+//!   mode: the layer opens a database transaction, claims the key in it, and hands it to the
+//!   handler as a [`TxHandle`]. The handler `INSERT`s the order on that transaction
+//!   ([`OrderTx`]) and gives the handle back; the layer then stores the response in the same
+//!   transaction and commits. The order row and the stored answer commit together or not at
+//!   all, and the response leaves only after `COMMIT`: a crash before it leaves neither (the
+//!   retry executes afresh), and every retry after it replays.
 //! - **Per-route opt-in.** Only `POST /orders` is wrapped by [`IdempotencyLayer`] (with the
 //!   explicit operation name `orders.create`); the `GET` routes are not.
 //! - **Authentication before idempotency.** An axum middleware turns `Authorization: Bearer
@@ -16,22 +23,52 @@
 //! - **The handler's context.** The create handler takes [`IdempotencyContext`] as an
 //!   extractor and records `ctx.operation_id()` with the order.
 //! - **Release on bad input.** A 422 `validation_failed` is released by the layer's default
-//!   rule (4xx → release): the client fixes the body and retries with the same key.
+//!   rule (4xx → release, the transaction rolls back): the client fixes the body and retries
+//!   with the same key.
 //! - **Exact money.** `amount_minor` is kept as the client's integer literal (any size), never
-//!   through `f64` or `u64`.
-//! - **Keyset pagination** with an opaque, HMAC-signed cursor.
+//!   through `f64` or `u64`, and stored as its digits.
+//! - **Keyset pagination** with an opaque, HMAC-signed cursor, over an index.
 //!
-//! Orders live in memory, behind [`OrderBook`], the one type a database-backed version
-//! replaces.
+//! ## Storage
+//!
+//! The orders and the idempotency records live in the **same database**, so one transaction
+//! covers both. `DATABASE_URL` chooses it:
+//!
+//! - unset: **SQLite**, the file `orders.db` in the working directory, created on first start.
+//!   Nothing to install or set up.
+//! - `sqlite:PATH` (`sqlite:orders.db`, `sqlite:///var/lib/orders/orders.db`): SQLite in that
+//!   file, created if missing.
+//! - `postgres://…` or `postgresql://…`: **PostgreSQL**, in a build with the `postgres`
+//!   feature (`--features postgres`; without it the service refuses to start and says so).
+//!   The database must exist; the tables go where the connection's `search_path` puts them
+//!   (`public` by default).
+//! - anything else is refused at start.
+//!
+//! SQLite runs in WAL mode (readers do not block the writer) with a 5 s busy timeout (a
+//! writer waits for another instead of failing at once), and `synchronous = FULL`, so an
+//! answer sent after `COMMIT` survives a power cut.
+//!
+//! On every start the service creates the `orders` table and its page index if they are
+//! missing, and runs the idempotency store's migration (the `idempotency_records` table).
+//! The SQL is in `sqlite_sql` and `postgres_sql`; each backend's code is one arm of a
+//! `match`. Everything PostgreSQL-only (its variants, its arms, `postgres_sql`, `open_postgres`)
+//! is marked `#[cfg(feature = "postgres")]`: a copy for SQLite alone deletes those items, a
+//! copy for PostgreSQL alone deletes the SQLite ones.
 //!
 //! ## Run it
 //!
 //! ```text
 //! cargo run --example orders
+//! DATABASE_URL=postgres://postgres@127.0.0.1/orders cargo run --features postgres --example orders
 //! ```
 //!
-//! It prints `listening on 127.0.0.1:3000` once bound. Environment:
+//! The first runs on SQLite (`orders.db` in the working directory) with the crate's default
+//! features; the second needs the `postgres` feature.
 //!
+//! It prints `listening on 127.0.0.1:3000` once bound, and stops cleanly on Ctrl-C or
+//! SIGTERM. Environment:
+//!
+//! - `DATABASE_URL`: where orders and idempotency records live (see *Storage*).
 //! - `ORDERS_ADDR`: the address to bind (default `127.0.0.1:3000`; port `0` picks a free one).
 //! - `ORDERS_CURSOR_SECRET`: the key that signs pagination cursors, at least 16 bytes. Unset:
 //!   a random key per process (cursors then stop working after a restart).
@@ -78,6 +115,14 @@
 //! `code`). The idempotency layer's own answers (`idempotency_key_missing`,
 //! `idempotency_key_reused`, …) come from the crate.
 //!
+//! - **Storage failures** (a lost or terminated database connection, an aborted transaction, a
+//!   statement the database refuses) answer 503 `storage_unavailable` with `Retry-After: 1`,
+//!   on every route. On `POST /orders` the layer releases the 503 like any non-2xx answer:
+//!   the transaction rolls back, neither the order nor an answer is stored, and a retry with
+//!   the same `Idempotency-Key` executes afresh. A genuine bug (no transaction handle, a
+//!   stored row that is not a valid order) answers 500 `internal`. Either way the cause goes
+//!   to stderr, never to the client.
+//!
 //! - **Authentication**: `Authorization: Bearer <account>`, where the token *is* the account
 //!   id (a stand-in for real authentication): 1 to 64 visible ASCII characters (`!` to `~`),
 //!   the scheme matched case-insensitively. Missing, repeated or malformed: 401
@@ -118,17 +163,18 @@
 //! and `account` is a digest of the account id. The account is always the authenticated one;
 //! the cursor only has to match it.
 
-use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -140,8 +186,18 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use tower_idempotency::{IdempotencyContext, IdempotencyLayer, MemoryStore, Scope, Store};
+use sqlx::Sqlite;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use tower_idempotency::tx::TxFinished;
+use tower_idempotency::{BoxError, IdempotencyContext, IdempotencyLayer, Scope, SqliteStore, Store, TxHandle};
 use uuid::Uuid;
+// PostgreSQL: only in a build with `--features postgres`.
+#[cfg(feature = "postgres")]
+use sqlx::Postgres;
+#[cfg(feature = "postgres")]
+use sqlx::postgres::{PgPool, PgPoolOptions};
+#[cfg(feature = "postgres")]
+use tower_idempotency::PostgresStore;
 
 /// The operation name of order creation: the route's stable identity for the idempotency layer.
 pub const CREATE_OPERATION: &str = "orders.create";
@@ -155,6 +211,10 @@ pub const MAX_ACCOUNT_LEN: usize = 64;
 pub const MAX_SKU_LEN: usize = 64;
 /// The shortest `ORDERS_CURSOR_SECRET` accepted, in bytes.
 pub const MIN_CURSOR_SECRET_LEN: usize = 16;
+/// The SQLite file used when `DATABASE_URL` is unset.
+pub const DEFAULT_SQLITE_FILE: &str = "orders.db";
+/// How long a SQLite writer waits for another before giving up.
+pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const PROBLEM_TYPE_BASE: &str = "urn:orders:problem:";
 
 // ---------------------------------------------------------------------------------------------
@@ -162,13 +222,99 @@ const PROBLEM_TYPE_BASE: &str = "urn:orders:problem:";
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    match serve().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // Never the URL or a secret: every startup error is written to be shown.
+            eprintln!("orders: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Opens the database, binds, announces `listening on <addr>` as the first line of stdout,
+/// and serves until Ctrl-C or SIGTERM.
+async fn serve() -> Result<(), BoxError> {
     let address = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    let state = AppState { orders: OrderBook::new(), cursors: CursorCodec::from_env()? };
+    let cursors = CursorCodec::from_env()?;
+    let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
+    let (router, orders) = open(database_url.as_deref(), cursors, Arc::new(CreatedAt::now)).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!("listening on {}", listener.local_addr()?);
-    axum::serve(listener, app(state, MemoryStore::new())).with_graceful_shutdown(shutdown_signal()).await?;
+    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+    // In-flight requests have finished (their transactions are committed or rolled back):
+    // close the database connections.
+    orders.close().await;
     Ok(())
+}
+
+/// Opens the database `database_url` names (see *Storage* above), creates what is missing,
+/// and returns the service with its order book.
+pub async fn open(
+    database_url: Option<&str>,
+    cursors: CursorCodec,
+    clock: Clock,
+) -> Result<(Router, OrderBook), BoxError> {
+    match database_url {
+        None => open_sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE), cursors, clock).await,
+        Some(url) if url.starts_with("sqlite:") => open_sqlite(SqliteConnectOptions::from_str(url)?, cursors, clock).await,
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            open_postgres(url, cursors, clock).await
+        }
+        // Not echoed: the URL may carry a password.
+        Some(_) => Err("DATABASE_URL must start with sqlite:, postgres:// or postgresql://".into()),
+    }
+}
+
+/// SQLite: the file of `options`, created if missing.
+async fn open_sqlite(
+    options: SqliteConnectOptions,
+    cursors: CursorCodec,
+    clock: Clock,
+) -> Result<(Router, OrderBook), BoxError> {
+    eprintln!("orders: storage is SQLite, {}", options.get_filename().display());
+    let pool = connect_sqlite(options).await?;
+    // One store per database, cloned wherever it is needed: the SQLite store keeps the
+    // in-process gate that tells a duplicate in flight from a busy database.
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await?;
+    let orders = OrderBook::Sqlite(pool);
+    orders.create_table().await?;
+    Ok((app(AppState { orders: orders.clone(), cursors, clock }, store), orders))
+}
+
+/// PostgreSQL: the existing database `url` names.
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str, cursors: CursorCodec, clock: Clock) -> Result<(Router, OrderBook), BoxError> {
+    let pool = PgPoolOptions::new().max_connections(16).connect(url).await?;
+    // Atomic is the store's default mode: the claim, the order and the answer are one
+    // transaction.
+    let store = PostgresStore::new(pool.clone());
+    store.migrate().await?;
+    let orders = OrderBook::Postgres(pool);
+    orders.create_table().await?;
+    eprintln!("orders: storage is PostgreSQL");
+    Ok((app(AppState { orders: orders.clone(), cursors, clock }, store), orders))
+}
+
+/// PostgreSQL in a build without the `postgres` feature: refuse to start, and say how to fix it.
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_url: &str, _cursors: CursorCodec, _clock: Clock) -> Result<(Router, OrderBook), BoxError> {
+    Err("DATABASE_URL names a PostgreSQL database, but this build has no PostgreSQL support; \
+         build with `--features postgres`: cargo run --features postgres --example orders"
+        .into())
+}
+
+/// A pool on the SQLite file of `options`, created if missing, in WAL mode with a busy timeout.
+pub async fn connect_sqlite(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
+    let options = options
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        // sqlx's default, said out loud: a COMMIT is on disk before the answer leaves.
+        .synchronous(SqliteSynchronous::Full);
+    SqlitePoolOptions::new().max_connections(8).connect_with(options).await
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM.
@@ -202,13 +348,19 @@ async fn shutdown_signal() {
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
-    /// Where orders live.
+    /// Where orders are read (they are written through the request's transaction, [`OrderTx`]).
     pub orders: OrderBook,
     /// Signs and checks pagination cursors.
     pub cursors: CursorCodec,
+    /// Where `created_at` comes from: the system clock, or a test's.
+    pub clock: Clock,
 }
 
 /// The service: authentication on every route, idempotency on `POST /orders` only.
+///
+/// `idempotency_store` must be an atomic store on the same database as `state.orders`
+/// (a `SqliteStore` beside `OrderBook::Sqlite`, a `PostgresStore` beside
+/// `OrderBook::Postgres`): the create handler writes through its transaction.
 pub fn app<St: Store>(state: AppState, idempotency_store: St) -> Router {
     let idempotency = IdempotencyLayer::new(idempotency_store).operation(CREATE_OPERATION);
     // `layer` on a method router wraps only the handlers added before it: POST is guarded,
@@ -291,17 +443,26 @@ impl<S: Send + Sync> FromRequestParts<S> for Account {
 // Handlers
 // ---------------------------------------------------------------------------------------------
 
-/// `POST /orders`: validates the body and records the order with its operation id.
+/// `POST /orders`: validates the body and inserts the order, with its operation id, in the
+/// idempotency claim's transaction.
 async fn create_order(
     State(state): State<AppState>,
     account: Account,
     context: IdempotencyContext,
+    transaction: OrderTx,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiProblem> {
+    // Any early return drops `transaction` unused; the layer then rolls back (a 4xx is
+    // released, so the key stays free for the corrected request).
     require_json(&headers)?;
     let draft = OrderDraft::from_json(&body).map_err(ApiProblem::validation_failed)?;
-    let order = state.orders.insert(account, draft, context.operation_id()).await;
+    let order = Order::new(account, draft, context.operation_id(), (state.clock)());
+    // `insert` consumes the handle, so it is given back before the answer: the layer stores
+    // the answer in the same transaction and commits the order and the answer together. If
+    // the database fails instead, the 503 is released: the layer rolls the transaction back,
+    // and the client's retry with the same key executes afresh.
+    transaction.insert(&order).await.map_err(StorageError::on_create)?;
     let location = HeaderValue::try_from(order.location()).map_err(|_| ApiProblem::internal())?;
     Ok((StatusCode::CREATED, [(LOCATION, location)], Json(order)).into_response())
 }
@@ -313,7 +474,8 @@ async fn get_order(
     order_id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Order>, ApiProblem> {
     let order_id = order_id.ok().and_then(|Path(raw)| Uuid::try_parse(&raw).ok()).ok_or_else(ApiProblem::not_found)?;
-    state.orders.get(&account, order_id).await.map(Json).ok_or_else(ApiProblem::not_found)
+    let order = state.orders.get(&account, order_id).await.map_err(StorageError::on_read)?;
+    order.map(Json).ok_or_else(ApiProblem::not_found)
 }
 
 /// The query of `GET /orders`, parsed by hand for precise errors.
@@ -343,7 +505,7 @@ async fn list_orders(
         None => None,
     };
     // One row more than asked tells whether another page follows.
-    let mut orders = state.orders.page(&account, after, limit + 1).await;
+    let mut orders = state.orders.page(&account, after, limit + 1).await.map_err(StorageError::on_read)?;
     let next_cursor = if orders.len() > limit {
         orders.truncate(limit);
         orders.last().map(|last| state.cursors.encode(&account, last.position()))
@@ -406,6 +568,20 @@ pub struct Order {
 }
 
 impl Order {
+    /// A new order of `account`: a fresh UUID v4, stamped `created_at`.
+    pub fn new(account: Account, draft: OrderDraft, operation_id: &str, created_at: CreatedAt) -> Self {
+        Self {
+            order_id: Uuid::new_v4(),
+            account_id: account,
+            sku: draft.sku,
+            quantity: draft.quantity,
+            amount_minor: draft.amount_minor,
+            currency: draft.currency,
+            created_at,
+            idempotency_operation_id: operation_id.to_owned(),
+        }
+    }
+
     /// Where the order can be read.
     pub fn location(&self) -> String {
         format!("/orders/{}", self.order_id)
@@ -506,6 +682,17 @@ impl AmountMinor {
         }
         Ok(Self(raw))
     }
+
+    /// An amount read back from the database, where it is kept as its digits.
+    pub fn from_digits(digits: String) -> Result<Self, String> {
+        let raw = RawValue::from_string(digits).map_err(|error| format!("stored amount_minor is not JSON: {error}"))?;
+        Self::parse(raw)
+    }
+
+    /// The digits, as the client wrote them.
+    pub fn digits(&self) -> &str {
+        self.0.get()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -564,9 +751,8 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 
 /// Where `created_at` comes from; tests inject their own to force equal timestamps.
 pub type Clock = Arc<dyn Fn() -> CreatedAt + Send + Sync>;
-
 // ---------------------------------------------------------------------------------------------
-// The order book: the storage a database replaces
+// Storage: the orders table, read through the pool, written through the request's transaction
 // ---------------------------------------------------------------------------------------------
 
 /// An order's place in the listing: newest first by `created_at`, then by `order_id`
@@ -579,81 +765,346 @@ pub struct PagePosition {
     pub order_id: Uuid,
 }
 
-/// The orders of every account, in memory.
+/// The orders table, on the database that also holds the idempotency records.
 ///
-/// The three methods are what a SQL version keeps: `insert` is an `INSERT` made through the
-/// idempotency claim's transaction; `get` is `WHERE account_id = ? AND order_id = ?`; `page`
-/// is `WHERE account_id = ? AND (created_at, order_id) < (?, ?) ORDER BY created_at DESC,
-/// order_id DESC LIMIT ?` over an index on `(account_id, created_at, order_id)`.
-#[derive(Clone)]
-pub struct OrderBook {
-    orders: Arc<Mutex<Orders>>,
-    clock: Clock,
-}
-
-#[derive(Default)]
-struct Orders {
-    by_id: HashMap<Uuid, Order>,
-    by_account: HashMap<Account, BTreeSet<PagePosition>>,
+/// Reads go through the pool. Writes do not: an order is inserted only by the create
+/// handler, on the idempotency claim's transaction ([`OrderTx`]).
+#[derive(Clone, Debug)]
+pub enum OrderBook {
+    /// SQLite: `order_id` is TEXT (see [`sqlite_sql`]).
+    Sqlite(SqlitePool),
+    /// PostgreSQL: `order_id` is `uuid` (see `postgres_sql`).
+    #[cfg(feature = "postgres")]
+    Postgres(PgPool),
 }
 
 impl OrderBook {
-    /// An empty book on the system clock.
-    pub fn new() -> Self {
-        Self::with_clock(Arc::new(CreatedAt::now))
-    }
-
-    /// An empty book whose `created_at` comes from `clock`.
-    pub fn with_clock(clock: Clock) -> Self {
-        Self { orders: Arc::default(), clock }
-    }
-
-    /// Records a new order for `account`, stamped with a fresh id and the clock's time.
-    pub async fn insert(&self, account: Account, draft: OrderDraft, operation_id: &str) -> Order {
-        let order = Order {
-            order_id: Uuid::new_v4(),
-            account_id: account,
-            sku: draft.sku,
-            quantity: draft.quantity,
-            amount_minor: draft.amount_minor,
-            currency: draft.currency,
-            created_at: (self.clock)(),
-            idempotency_operation_id: operation_id.to_owned(),
-        };
-        let mut orders = self.lock();
-        orders.by_account.entry(order.account_id.clone()).or_default().insert(order.position());
-        orders.by_id.insert(order.order_id, order.clone());
-        order
+    /// Creates the orders table and its page index if they are missing.
+    pub async fn create_table(&self) -> Result<(), BoxError> {
+        match self {
+            Self::Sqlite(pool) => {
+                sqlx::raw_sql(sqlite_sql::CREATE_TABLE).execute(pool).await?;
+            }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                sqlx::raw_sql(postgres_sql::CREATE_TABLE).execute(pool).await?;
+            }
+        }
+        Ok(())
     }
 
     /// The order `order_id` if `account` owns it.
-    pub async fn get(&self, account: &Account, order_id: Uuid) -> Option<Order> {
-        self.lock().by_id.get(&order_id).filter(|order| order.account_id == *account).cloned()
+    pub async fn get(&self, account: &Account, order_id: Uuid) -> Result<Option<Order>, StorageError> {
+        let (account, order_id) = (account.as_str(), order_id.to_string());
+        let row: Option<OrderRow> = match self {
+            Self::Sqlite(pool) => {
+                sqlx::query_as(sqlite_sql::GET).bind(account).bind(order_id).fetch_optional(pool).await?
+            }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                sqlx::query_as(postgres_sql::GET).bind(account).bind(order_id).fetch_optional(pool).await?
+            }
+        };
+        row.map(Order::try_from).transpose()
     }
 
     /// Up to `limit` of `account`'s orders, newest first, strictly after `after` in that order.
-    pub async fn page(&self, account: &Account, after: Option<PagePosition>, limit: usize) -> Vec<Order> {
-        let orders = self.lock();
-        let Some(positions) = orders.by_account.get(account) else {
-            return Vec::new();
+    pub async fn page(
+        &self,
+        account: &Account,
+        after: Option<PagePosition>,
+        limit: usize,
+    ) -> Result<Vec<Order>, StorageError> {
+        let account = account.as_str();
+        let limit = i64::try_from(limit).map_err(|_| StorageError::Internal("the page limit exceeds i64".into()))?;
+        let after = after.map(|position| (position.created_at.unix_micros(), position.order_id.to_string()));
+        let rows: Vec<OrderRow> = match (self, after) {
+            (Self::Sqlite(pool), None) => {
+                sqlx::query_as(sqlite_sql::FIRST_PAGE).bind(account).bind(limit).fetch_all(pool).await?
+            }
+            (Self::Sqlite(pool), Some((created_at, order_id))) => {
+                let query = sqlx::query_as(sqlite_sql::NEXT_PAGE).bind(account).bind(created_at).bind(order_id);
+                query.bind(limit).fetch_all(pool).await?
+            }
+            #[cfg(feature = "postgres")]
+            (Self::Postgres(pool), None) => {
+                sqlx::query_as(postgres_sql::FIRST_PAGE).bind(account).bind(limit).fetch_all(pool).await?
+            }
+            #[cfg(feature = "postgres")]
+            (Self::Postgres(pool), Some((created_at, order_id))) => {
+                let query = sqlx::query_as(postgres_sql::NEXT_PAGE).bind(account).bind(created_at).bind(order_id);
+                query.bind(limit).fetch_all(pool).await?
+            }
         };
-        let older = match after {
-            Some(after) => positions.range(..after),
-            None => positions.range(..),
-        };
-        older.rev().take(limit).filter_map(|position| orders.by_id.get(&position.order_id).cloned()).collect()
+        rows.into_iter().map(Order::try_from).collect()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Orders> {
-        // The map is never left half-updated, so a panic elsewhere does not poison its data.
-        self.orders.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Closes the pool, waiting for connections in use to come back.
+    pub async fn close(&self) {
+        match self {
+            Self::Sqlite(pool) => pool.close().await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => pool.close().await,
+        }
     }
 }
 
-impl Default for OrderBook {
-    fn default() -> Self {
-        Self::new()
+/// An orders row as both backends return it (PostgreSQL's `uuid` is read as text).
+#[derive(sqlx::FromRow)]
+struct OrderRow {
+    order_id: String,
+    account_id: String,
+    sku: String,
+    quantity: i64,
+    amount_minor: String,
+    currency: String,
+    created_at: i64,
+    idempotency_operation_id: String,
+}
+
+/// Reading a row back checks it as strictly as a request: a row that is not a valid order is
+/// a bug (500), never a half-read answer. The errors name the column, not its value.
+impl TryFrom<OrderRow> for Order {
+    type Error = StorageError;
+
+    fn try_from(row: OrderRow) -> Result<Self, StorageError> {
+        let corrupt = |column: &str| StorageError::Internal(format!("a stored {column} is not valid").into());
+        Ok(Self {
+            order_id: Uuid::try_parse(&row.order_id).map_err(|_| corrupt("order_id"))?,
+            account_id: Account::parse(&row.account_id).ok_or_else(|| corrupt("account_id"))?,
+            sku: row.sku,
+            quantity: u64::try_from(row.quantity).map_err(|_| corrupt("quantity"))?,
+            amount_minor: AmountMinor::from_digits(row.amount_minor).map_err(|_| corrupt("amount_minor"))?,
+            currency: row.currency,
+            created_at: CreatedAt::from_unix_micros(row.created_at),
+            idempotency_operation_id: row.idempotency_operation_id,
+        })
     }
+}
+
+/// The idempotency claim's transaction, as the create handler gets it: an axum extractor that
+/// finds the layer's [`TxHandle`] of the order book's database in the request.
+///
+/// Hold it only while writing: [`insert`](Self::insert) consumes it, so the handle is back
+/// with the layer before the handler answers. (A handle still held when the answer comes
+/// back makes the layer roll back and answer 500.)
+#[derive(Debug)]
+pub enum OrderTx {
+    /// The transaction of an atomic [`SqliteStore`].
+    Sqlite(TxHandle<Sqlite>),
+    /// The transaction of an atomic `PostgresStore`.
+    #[cfg(feature = "postgres")]
+    Postgres(TxHandle<Postgres>),
+}
+
+impl OrderTx {
+    /// Inserts `order` in the transaction, which the layer commits together with the answer.
+    pub async fn insert(self, order: &Order) -> Result<(), StorageError> {
+        let order_id = order.order_id.to_string();
+        // A validated quantity is at most i64::MAX; anything else is a bug.
+        let quantity =
+            i64::try_from(order.quantity).map_err(|_| StorageError::Internal("the quantity exceeds i64".into()))?;
+        let (created_at, operation_id) = (order.created_at.unix_micros(), order.idempotency_operation_id.as_str());
+        match self {
+            Self::Sqlite(handle) => {
+                let mut conn = handle.acquire().await?;
+                sqlx::query(sqlite_sql::INSERT)
+                    .bind(order_id)
+                    .bind(order.account_id.as_str())
+                    .bind(order.sku.as_str())
+                    .bind(quantity)
+                    .bind(order.amount_minor.digits())
+                    .bind(order.currency.as_str())
+                    .bind(created_at)
+                    .bind(operation_id)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(handle) => {
+                let mut conn = handle.acquire().await?;
+                sqlx::query(postgres_sql::INSERT)
+                    .bind(order_id)
+                    .bind(order.account_id.as_str())
+                    .bind(order.sku.as_str())
+                    .bind(quantity)
+                    .bind(order.amount_minor.digits())
+                    .bind(order.currency.as_str())
+                    .bind(created_at)
+                    .bind(operation_id)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+        // `conn` and the handle are dropped at the end of their arm: the layer has them back.
+        Ok(())
+    }
+}
+
+impl FromRequestParts<AppState> for OrderTx {
+    type Rejection = ApiProblem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        // Only a transaction on the order book's own database will do.
+        let transaction = match state.orders {
+            OrderBook::Sqlite(_) => parts.extensions.get::<TxHandle<Sqlite>>().cloned().map(Self::Sqlite),
+            #[cfg(feature = "postgres")]
+            OrderBook::Postgres(_) => parts.extensions.get::<TxHandle<Postgres>>().cloned().map(Self::Postgres),
+        };
+        // A bug, not an outage: the service was assembled with the wrong store.
+        transaction.ok_or_else(|| {
+            eprintln!("orders: no idempotency transaction for the order book's database; is the store atomic?");
+            ApiProblem::internal()
+        })
+    }
+}
+
+/// Why a read or write of the orders table failed, sorted by what the client should do.
+#[derive(Debug)]
+pub enum StorageError {
+    /// The database failed: a lost or terminated connection, an aborted transaction, a
+    /// statement it refused. Nothing was changed; the client may retry: 503.
+    Unavailable(sqlx::Error),
+    /// Something that cannot happen did: the transaction was used after its answer, the
+    /// statements and the rows disagree, a stored row is not a valid order. A bug: 500.
+    Internal(BoxError),
+}
+
+impl From<sqlx::Error> for StorageError {
+    fn from(error: sqlx::Error) -> Self {
+        match error {
+            // The SQL and the Rust types disagree: retrying cannot help.
+            sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnIndexOutOfBounds { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::Encode(_)
+            | sqlx::Error::TypeNotFound { .. } => Self::Internal(error.into()),
+            error => Self::Unavailable(error),
+        }
+    }
+}
+
+impl From<TxFinished> for StorageError {
+    fn from(error: TxFinished) -> Self {
+        Self::Internal(error.into())
+    }
+}
+
+impl StorageError {
+    /// The answer to a failed `POST /orders`.
+    pub fn on_create(self) -> ApiProblem {
+        self.into_problem(
+            "the order could not be stored, so nothing was created; \
+             retrying with the same Idempotency-Key is safe",
+        )
+    }
+
+    /// The answer to a failed `GET`.
+    pub fn on_read(self) -> ApiProblem {
+        self.into_problem("the orders could not be read; try again")
+    }
+
+    /// 503 or 500; the cause goes to stderr (sqlx's messages carry no bound values), never to
+    /// the client.
+    fn into_problem(self, unavailable: &'static str) -> ApiProblem {
+        match self {
+            Self::Unavailable(error) => {
+                eprintln!("orders: storage unavailable: {error}");
+                ApiProblem::storage_unavailable(unavailable)
+            }
+            Self::Internal(error) => {
+                eprintln!("orders: internal error: {error}");
+                ApiProblem::internal()
+            }
+        }
+    }
+}
+
+// The orders table has no UNIQUE constraint on `idempotency_operation_id`, in either dialect,
+// on purpose: this example's crash tests count the rows per operation id to prove that the idempotency layer
+// alone prevents duplicate orders, and a constraint would make them unable to fail. A
+// production table should add one, `UNIQUE (idempotency_operation_id)`, as a second guard
+// behind the layer.
+
+/// The SQLite dialect. `order_id` is TEXT in lowercase hyphenated form, whose bytewise order
+/// (SQLite's default BINARY collation) is the UUID's, so the keyset order matches the cursor's.
+pub mod sqlite_sql {
+    /// The orders table and the index of the page query, if missing.
+    pub const CREATE_TABLE: &str = "
+        CREATE TABLE IF NOT EXISTS orders (
+            order_id                 TEXT   NOT NULL PRIMARY KEY,
+            account_id               TEXT   NOT NULL,
+            sku                      TEXT   NOT NULL,
+            quantity                 BIGINT NOT NULL CHECK (quantity > 0),
+            amount_minor             TEXT   NOT NULL CHECK (amount_minor <> '' AND amount_minor NOT GLOB '*[^0-9]*'),
+            currency                 TEXT   NOT NULL,
+            created_at               BIGINT NOT NULL,
+            idempotency_operation_id TEXT   NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS orders_account_page_idx ON orders (account_id, created_at DESC, order_id DESC);";
+    /// Binds: order_id, account_id, sku, quantity, amount_minor, currency, created_at,
+    /// idempotency_operation_id.
+    pub const INSERT: &str = "
+        INSERT INTO orders (order_id, account_id, sku, quantity, amount_minor, currency, created_at,
+                            idempotency_operation_id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+    /// Binds: account_id, order_id.
+    pub const GET: &str = "
+        SELECT order_id, account_id, sku, quantity, amount_minor, currency, created_at, idempotency_operation_id
+        FROM orders WHERE account_id = $1 AND order_id = $2";
+    /// Binds: account_id, limit.
+    pub const FIRST_PAGE: &str = "
+        SELECT order_id, account_id, sku, quantity, amount_minor, currency, created_at, idempotency_operation_id
+        FROM orders WHERE account_id = $1
+        ORDER BY created_at DESC, order_id DESC LIMIT $2";
+    /// Binds: account_id, the cursor's created_at and order_id, limit.
+    pub const NEXT_PAGE: &str = "
+        SELECT order_id, account_id, sku, quantity, amount_minor, currency, created_at, idempotency_operation_id
+        FROM orders WHERE account_id = $1 AND (created_at, order_id) < ($2, $3)
+        ORDER BY created_at DESC, order_id DESC LIMIT $4";
+}
+
+/// The PostgreSQL dialect (feature `postgres`): the same statements, with `order_id` a native
+/// `uuid` (ordered bytewise, like the UUID), bound as text and cast, and read back as text.
+#[cfg(feature = "postgres")]
+pub mod postgres_sql {
+    /// The orders table and the index of the page query, if missing.
+    pub const CREATE_TABLE: &str = "
+        CREATE TABLE IF NOT EXISTS orders (
+            order_id                 uuid   NOT NULL PRIMARY KEY,
+            account_id               text   NOT NULL,
+            sku                      text   NOT NULL,
+            quantity                 bigint NOT NULL CHECK (quantity > 0),
+            amount_minor             text   NOT NULL CHECK (amount_minor ~ '^[0-9]+$'),
+            currency                 text   NOT NULL,
+            created_at               bigint NOT NULL,
+            idempotency_operation_id text   NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS orders_account_page_idx ON orders (account_id, created_at DESC, order_id DESC);";
+    /// Binds: order_id, account_id, sku, quantity, amount_minor, currency, created_at,
+    /// idempotency_operation_id.
+    pub const INSERT: &str = "
+        INSERT INTO orders (order_id, account_id, sku, quantity, amount_minor, currency, created_at,
+                            idempotency_operation_id)
+        VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8)";
+    /// Binds: account_id, order_id.
+    pub const GET: &str = "
+        SELECT order_id::text AS order_id, account_id, sku, quantity, amount_minor, currency, created_at,
+               idempotency_operation_id
+        FROM orders WHERE account_id = $1 AND order_id = $2::uuid";
+    /// Binds: account_id, limit.
+    pub const FIRST_PAGE: &str = "
+        SELECT order_id::text AS order_id, account_id, sku, quantity, amount_minor, currency, created_at,
+               idempotency_operation_id
+        FROM orders WHERE account_id = $1
+        ORDER BY created_at DESC, order_id DESC LIMIT $2";
+    /// Binds: account_id, the cursor's created_at and order_id, limit.
+    pub const NEXT_PAGE: &str = "
+        SELECT order_id::text AS order_id, account_id, sku, quantity, amount_minor, currency, created_at,
+               idempotency_operation_id
+        FROM orders WHERE account_id = $1 AND (created_at, order_id) < ($2, $3::uuid)
+        ORDER BY created_at DESC, order_id DESC LIMIT $4";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -818,6 +1269,12 @@ impl ApiProblem {
         Self::new(StatusCode::BAD_REQUEST, "invalid_cursor", "Invalid cursor", detail)
     }
 
+    /// 503: the database failed; nothing changed, and the same request may be retried. Answered
+    /// with `Retry-After: 1`.
+    pub fn storage_unavailable(detail: &'static str) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", "Storage unavailable", detail)
+    }
+
     /// 500: something that cannot happen did.
     pub fn internal() -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", "an unexpected error occurred")
@@ -840,6 +1297,9 @@ impl IntoResponse for ApiProblem {
         let mut response = (self.status, [(CONTENT_TYPE, "application/problem+json")], body).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"orders\""));
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }

@@ -30,12 +30,12 @@ struct Inner {
     id: RecordId,
     operation: Arc<str>,
     operation_id: OnceLock<String>,
-    fencing_token: u64,
+    fencing_token: Option<u64>,
 }
 
 impl IdempotencyContext {
     /// A context for `id`, as the layer builds it (public so handlers can be unit-tested).
-    pub fn new(id: RecordId, operation: impl Into<Arc<str>>, fencing_token: u64) -> Self {
+    pub fn new(id: RecordId, operation: impl Into<Arc<str>>, fencing_token: Option<u64>) -> Self {
         let inner = Inner { id, operation: operation.into(), operation_id: OnceLock::new(), fencing_token };
         Self { inner: Arc::new(inner) }
     }
@@ -61,9 +61,10 @@ impl IdempotencyContext {
         self.inner.id.downstream_key(purpose)
     }
 
-    /// The claim's fencing token: strictly greater than any earlier claim's on this identity.
-    /// Pass it to downstream writes that can check it, so a late, superseded attempt is refused.
-    pub fn fencing_token(&self) -> u64 {
+    /// A leased claim's fencing token: strictly greater than any earlier claim's on this
+    /// identity. Pass it to downstream writes that can check it, so a late, superseded attempt
+    /// is refused. `None` in atomic mode, where the database transaction fences the handler.
+    pub fn fencing_token(&self) -> Option<u64> {
         self.inner.fencing_token
     }
 }

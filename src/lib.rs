@@ -111,6 +111,8 @@ pub use store::StaleLeasePolicy;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use store::sqlite::SqliteStore;
 pub use store::{Begin, BeginRequest, Claim, CouplingMode, Outcome, Retention, Store};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use tx::TxHandle;

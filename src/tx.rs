@@ -30,12 +30,14 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
+use sqlx::pool::PoolConnection;
 use sqlx::{Database, Transaction};
+use sqlx_core::transaction::TransactionManager;
 use tokio::sync::{Mutex, MutexGuard};
 
 /// A shared handle on the request's database transaction.
 pub struct TxHandle<DB: Database> {
-    slot: Arc<Mutex<Option<Transaction<'static, DB>>>>,
+    slot: Arc<Mutex<Option<OpenTx<DB>>>>,
 }
 
 impl<DB: Database> Clone for TxHandle<DB> {
@@ -56,13 +58,17 @@ impl<DB: Database> std::fmt::Debug for TxHandle<DB> {
 pub struct TxFinished;
 
 impl<DB: Database> TxHandle<DB> {
-    /// A handle on `transaction`: how the stores build it, and how unit tests of handlers do.
+    /// A handle on `transaction`: how unit tests of handlers build one (and the SQLite store).
     pub fn new(transaction: Transaction<'static, DB>) -> Self {
-        Self { slot: Arc::new(Mutex::new(Some(transaction))) }
+        Self::from_open(OpenTx::Transaction(transaction))
+    }
+
+    pub(crate) fn from_open(open: OpenTx<DB>) -> Self {
+        Self { slot: Arc::new(Mutex::new(Some(open))) }
     }
 
     /// Locks the transaction and gives out its connection for the handler's queries:
-    /// `sqlx::query(..).execute(&mut *conn)`.
+    /// `sqlx::query(..).execute(&mut *conn)`. Nested `begin()` on it makes a savepoint.
     pub async fn acquire(&self) -> Result<TxConnection<'_, DB>, TxFinished> {
         let guard = self.slot.lock().await;
         if guard.is_none() {
@@ -71,9 +77,17 @@ impl<DB: Database> TxHandle<DB> {
         Ok(TxConnection { guard })
     }
 
-    /// Takes the transaction out of the handle (what the layer does when it finishes).
+    /// Takes the transaction out of a handle built with [`TxHandle::new`], to commit or inspect
+    /// it in a test. `None` once it is taken, and for handles a store made.
     pub async fn take(&self) -> Option<Transaction<'static, DB>> {
-        self.slot.lock().await.take()
+        let mut slot = self.slot.lock().await;
+        match slot.take() {
+            Some(OpenTx::Transaction(transaction)) => Some(transaction),
+            other => {
+                *slot = other;
+                None
+            }
+        }
     }
 
     /// Whether anyone but the caller still holds this handle (a clone, or a lock guard).
@@ -82,8 +96,93 @@ impl<DB: Database> TxHandle<DB> {
     }
 
     /// Takes the transaction without waiting; `None` if it is locked or gone.
-    pub(crate) fn try_take(&self) -> Option<Transaction<'static, DB>> {
+    pub(crate) fn try_take(&self) -> Option<OpenTx<DB>> {
         self.slot.try_lock().ok()?.take()
+    }
+}
+
+/// An open transaction: sqlx's own, or one a store began on a pooled connection with a
+/// statement of its own (so BEGIN and the claim travel in one round trip).
+pub(crate) enum OpenTx<DB: Database> {
+    Transaction(Transaction<'static, DB>),
+    Managed(ManagedTx<DB>),
+}
+
+impl<DB: Database> OpenTx<DB> {
+    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
+        match self {
+            OpenTx::Transaction(transaction) => transaction.commit().await,
+            OpenTx::Managed(managed) => managed.commit().await,
+        }
+    }
+
+    pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
+        match self {
+            OpenTx::Transaction(transaction) => transaction.rollback().await,
+            OpenTx::Managed(managed) => managed.rollback().await,
+        }
+    }
+}
+
+impl<DB: Database> Deref for OpenTx<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        match self {
+            OpenTx::Transaction(transaction) => transaction,
+            OpenTx::Managed(managed) => &managed.conn,
+        }
+    }
+}
+
+impl<DB: Database> DerefMut for OpenTx<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        match self {
+            OpenTx::Transaction(transaction) => transaction,
+            OpenTx::Managed(managed) => &mut managed.conn,
+        }
+    }
+}
+
+/// A transaction begun on a pooled connection through sqlx's transaction manager, so sqlx
+/// tracks its depth (a handler's nested `begin()` makes a savepoint) exactly as it does for its
+/// own `Transaction`; dropped open, it rolls back the same way.
+pub(crate) struct ManagedTx<DB: Database> {
+    conn: PoolConnection<DB>,
+    open: bool,
+}
+
+impl<DB: Database> ManagedTx<DB> {
+    /// Begins with `statement` (which must start the transaction). On failure the connection
+    /// comes back, possibly in a failed transaction block: the caller rolls it back.
+    pub(crate) async fn begin(
+        mut conn: PoolConnection<DB>,
+        statement: sqlx::SqlStr,
+    ) -> Result<Self, (sqlx::Error, PoolConnection<DB>)> {
+        match DB::TransactionManager::begin(&mut conn, Some(statement)).await {
+            Ok(()) => Ok(Self { conn, open: true }),
+            Err(error) => Err((error, conn)),
+        }
+    }
+
+    async fn commit(mut self) -> Result<(), sqlx::Error> {
+        DB::TransactionManager::commit(&mut self.conn).await?;
+        self.open = false;
+        Ok(())
+    }
+
+    async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        DB::TransactionManager::rollback(&mut self.conn).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl<DB: Database> Drop for ManagedTx<DB> {
+    fn drop(&mut self) {
+        if self.open {
+            DB::TransactionManager::start_rollback(&mut self.conn);
+        }
     }
 }
 
@@ -91,7 +190,7 @@ impl<DB: Database> TxHandle<DB> {
 /// connection (`PgConnection`, `SqliteConnection`), which is an `sqlx::Executor` as
 /// `&mut *conn`.
 pub struct TxConnection<'a, DB: Database> {
-    guard: MutexGuard<'a, Option<Transaction<'static, DB>>>,
+    guard: MutexGuard<'a, Option<OpenTx<DB>>>,
 }
 
 impl<DB: Database> Deref for TxConnection<'_, DB> {
@@ -110,7 +209,7 @@ impl<DB: Database> DerefMut for TxConnection<'_, DB> {
 
 #[cfg(feature = "axum")]
 mod axum_extract {
-    use axum::extract::FromRequestParts;
+    use axum::extract::{FromRequestParts, OptionalFromRequestParts};
     use axum::response::{IntoResponse, Response};
     use http::request::Parts;
     use sqlx::Database;
@@ -137,6 +236,17 @@ mod axum_extract {
 
         async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
             parts.extensions.get::<TxHandle<DB>>().cloned().ok_or(MissingTx)
+        }
+    }
+
+    /// `Option<TxHandle<DB>>`: `None` on routes without an atomic layer (a leased store, the
+    /// kill switch, an optional key that was not sent), for handlers that then open their own
+    /// transaction.
+    impl<DB: Database, S: Send + Sync> OptionalFromRequestParts<S> for TxHandle<DB> {
+        type Rejection = std::convert::Infallible;
+
+        async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Self::Rejection> {
+            Ok(parts.extensions.get::<TxHandle<DB>>().cloned())
         }
     }
 }

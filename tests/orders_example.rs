@@ -1,21 +1,28 @@
-//! The orders example (`examples/orders.rs`), driven in process through its router.
-#![cfg(feature = "axum")]
+//! The orders example (`examples/orders.rs`), driven in process through its router, on both of
+//! its databases: every case runs once on SQLite (`sqlite::…`, a fresh file in the temp
+//! directory) and once on PostgreSQL (`postgres::…`, a fresh schema on the server that
+//! `DATABASE_URL` names, default `postgres://postgres@127.0.0.1:5432/test`).
+#![cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 
 #[path = "../examples/orders.rs"]
 #[allow(dead_code)]
 mod orders;
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{AssertSqlSafe, PgPool};
 use tower::ServiceExt;
-use tower_idempotency::MemoryStore;
+use tower_idempotency::{PostgresStore, SqliteStore};
 
 use orders::{AppState, Clock, CreatedAt, CursorCodec, OrderBook};
 
@@ -26,13 +33,201 @@ const ALICE: &str = "acct_alice";
 const BOB: &str = "acct_bob";
 
 // ---------------------------------------------------------------------------------------------
+// Every case on every backend
+// ---------------------------------------------------------------------------------------------
+
+/// Stamps out, for each case, one test on SQLite and one on PostgreSQL. Each gets a database
+/// of its own, removed when the case passes (kept for a look when it fails).
+macro_rules! on_every_backend {
+    ($($case:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let db = crate::TestDb::create(crate::Backend::Sqlite).await;
+                    crate::$case(&db).await;
+                    db.remove().await;
+                }
+            )+
+        }
+
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let db = crate::TestDb::create(crate::Backend::Postgres).await;
+                    crate::$case(&db).await;
+                    db.remove().await;
+                }
+            )+
+        }
+    };
+}
+
+on_every_backend!(
+    request_without_authorization_is_401_and_stores_nothing_so_the_key_still_executes_later,
+    malformed_authorization_is_401_on_every_route,
+    bearer_scheme_is_case_insensitive_and_64_character_accounts_are_accepted,
+    create_answers_201_with_location_json_and_the_order,
+    retry_with_same_key_and_body_replays_the_first_answer_and_creates_one_order,
+    same_key_with_a_different_body_is_422_idempotency_key_reused,
+    missing_idempotency_key_is_400_idempotency_key_missing_and_creates_nothing,
+    invalid_input_is_422_validation_failed_and_a_corrected_retry_with_the_same_key_executes,
+    every_kind_of_invalid_order_is_422_validation_failed_naming_the_problem,
+    a_body_not_declared_as_json_is_415,
+    amounts_beyond_f64_and_u64_are_preserved_exactly,
+    amounts_that_differ_beyond_f64_precision_under_different_keys_are_different_orders,
+    key_reused_with_an_amount_that_differs_beyond_f64_precision_is_422_idempotency_key_reused,
+    two_accounts_using_the_same_key_get_separate_orders,
+    another_accounts_order_an_unknown_id_and_a_malformed_id_are_the_same_404,
+    get_routes_are_not_guarded_by_the_idempotency_layer,
+    pages_of_ten_return_all_25_orders_once_newest_first_with_ties_broken_by_order_id,
+    the_last_page_has_a_null_next_cursor_even_when_it_is_exactly_full,
+    the_default_page_is_20_orders,
+    an_order_created_between_page_fetches_neither_repeats_nor_skips_older_orders,
+    a_tampered_cursor_is_400_invalid_cursor,
+    another_accounts_cursor_is_400_invalid_cursor,
+    a_cursor_of_another_version_or_signed_with_another_secret_is_400_invalid_cursor,
+    limit_out_of_range_or_not_a_number_is_400_invalid_limit_and_a_repeated_limit_is_400_invalid_query,
+    create_writes_the_order_and_the_stored_answer_in_one_transaction,
+);
+
+// ---------------------------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh, empty database with the orders table and the idempotency table, as the example
+/// creates them on start.
+struct TestDb {
+    orders: OrderBook,
+    place: Place,
+}
+
+enum Place {
+    SqliteFile(PathBuf),
+    PostgresSchema(String),
+}
+
+/// The PostgreSQL server of the tests.
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// `tidem_orders_<pid>_<n>_<nanos>`: no other test of this or any other run uses it.
+fn unique_name() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    format!("tidem_orders_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+impl TestDb {
+    async fn create(backend: Backend) -> Self {
+        let db = match backend {
+            Backend::Sqlite => {
+                let path = std::env::temp_dir().join(format!("{}.db", unique_name()));
+                let options = SqliteConnectOptions::new().filename(&path);
+                let pool = orders::connect_sqlite(options).await.expect("open the SQLite file");
+                SqliteStore::new(pool.clone()).migrate().await.expect("migrate the idempotency table");
+                Self { orders: OrderBook::Sqlite(pool), place: Place::SqliteFile(path) }
+            }
+            Backend::Postgres => {
+                let schema = unique_name();
+                let options: PgConnectOptions = database_url().parse().expect("DATABASE_URL");
+                // Unqualified names (the example's `orders`) land in the test's own schema.
+                let options = options.options([("search_path", schema.as_str())]);
+                let pool = PgPoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options)
+                    .await
+                    .expect("PostgreSQL must be running for these tests");
+                let create = AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\""));
+                sqlx::raw_sql(create).execute(&pool).await.expect("create the test schema");
+                pg_store(&pool, &schema).migrate().await.expect("migrate the idempotency table");
+                Self { orders: OrderBook::Postgres(pool), place: Place::PostgresSchema(schema) }
+            }
+        };
+        db.orders.create_table().await.expect("create the orders table");
+        db
+    }
+
+    /// The example's router over this database, with an atomic idempotency store on it.
+    fn router(&self, state: AppState) -> Router {
+        match (&self.orders, &self.place) {
+            (OrderBook::Sqlite(pool), _) => orders::app(state, SqliteStore::new(pool.clone())),
+            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => orders::app(state, pg_store(pool, schema)),
+            (OrderBook::Postgres(_), Place::SqliteFile(_)) => unreachable!("a PostgreSQL pool has a schema"),
+        }
+    }
+
+    /// How many idempotency records exist, in any state.
+    async fn idempotency_records(&self) -> i64 {
+        self.scalar("SELECT COUNT(*) FROM idempotency_records").await
+    }
+
+    async fn scalar(&self, sql: &'static str) -> i64 {
+        match &self.orders {
+            OrderBook::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql),
+            OrderBook::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql),
+        }
+    }
+
+    async fn strings(&self, sql: &'static str) -> Vec<String> {
+        match &self.orders {
+            OrderBook::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await.expect(sql),
+            OrderBook::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await.expect(sql),
+        }
+    }
+
+    /// Runs the statements written for this backend.
+    async fn execute(&self, sqlite: &'static str, postgres: &'static str) {
+        match &self.orders {
+            OrderBook::Sqlite(pool) => {
+                sqlx::raw_sql(sqlite).execute(pool).await.expect(sqlite);
+            }
+            OrderBook::Postgres(pool) => {
+                sqlx::raw_sql(postgres).execute(pool).await.expect(postgres);
+            }
+        }
+    }
+
+    /// Closes the pool and deletes the file or schema.
+    async fn remove(self) {
+        match (&self.orders, &self.place) {
+            (OrderBook::Sqlite(pool), Place::SqliteFile(path)) => {
+                pool.close().await;
+                remove_sqlite_files(path);
+            }
+            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => {
+                let drop = AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE"));
+                sqlx::raw_sql(drop).execute(pool).await.expect("drop the test schema");
+                pool.close().await;
+            }
+            _ => unreachable!("a pool and its place match"),
+        }
+    }
+}
+
+fn pg_store(pool: &PgPool, schema: &str) -> PostgresStore {
+    PostgresStore::new(pool.clone()).schema(schema).expect("a valid schema name")
+}
+
+fn remove_sqlite_files(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
+}
 
 /// The example's router over a fresh order book and idempotency store.
 struct Orders {
     router: Router,
-    idempotency: MemoryStore,
 }
 
 /// What came back: status, headers and the body's exact bytes.
@@ -44,23 +239,23 @@ struct Answer {
 
 impl Orders {
     /// A clock that moves one microsecond per order.
-    fn new() -> Self {
+    fn new(db: &TestDb) -> Self {
         let now = Arc::new(AtomicI64::new(START_MICROS));
-        Self::with_clock(Arc::new(move || CreatedAt::from_unix_micros(now.fetch_add(1, Ordering::SeqCst))))
+        Self::with_clock(db, Arc::new(move || CreatedAt::from_unix_micros(now.fetch_add(1, Ordering::SeqCst))))
     }
 
     /// A clock that gives the same `created_at` to each run of three orders.
-    fn with_ties_of_three() -> Self {
+    fn with_ties_of_three(db: &TestDb) -> Self {
         let calls = Arc::new(AtomicI64::new(0));
-        Self::with_clock(Arc::new(move || {
-            CreatedAt::from_unix_micros(START_MICROS + calls.fetch_add(1, Ordering::SeqCst) / 3)
-        }))
+        Self::with_clock(
+            db,
+            Arc::new(move || CreatedAt::from_unix_micros(START_MICROS + calls.fetch_add(1, Ordering::SeqCst) / 3)),
+        )
     }
 
-    fn with_clock(clock: Clock) -> Self {
-        let idempotency = MemoryStore::new();
-        let state = AppState { orders: OrderBook::with_clock(clock), cursors: CursorCodec::new(CURSOR_SECRET) };
-        Self { router: orders::app(state, idempotency.clone()), idempotency }
+    fn with_clock(db: &TestDb, clock: Clock) -> Self {
+        let state = AppState { orders: db.orders.clone(), cursors: CursorCodec::new(CURSOR_SECRET), clock };
+        Self { router: db.router(state) }
     }
 
     async fn send(&self, request: Request<Body>) -> Answer {
@@ -165,23 +360,21 @@ fn flip_char_at(text: &str, index: usize) -> String {
 // Authentication
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn request_without_authorization_is_401_and_stores_nothing_so_the_key_still_executes_later() {
-    let service = Orders::new();
+async fn request_without_authorization_is_401_and_stores_nothing_so_the_key_still_executes_later(db: &TestDb) {
+    let service = Orders::new(db);
     let body = order_body("book", "100");
 
     let refused = service.post(None, Some("key-1"), &body).await;
     refused.assert_problem(StatusCode::UNAUTHORIZED, "unauthenticated");
     assert_eq!(refused.header("www-authenticate"), Some("Bearer realm=\"orders\""));
-    assert_eq!(service.idempotency.len(), 0, "a refused request must leave no idempotency record");
+    assert_eq!(db.idempotency_records().await, 0, "a refused request must leave no idempotency record");
 
     let created = service.create(ALICE, "key-1", &body).await;
     assert_eq!(created.header("idempotent-replayed"), None, "the key must execute, not replay");
 }
 
-#[tokio::test]
-async fn malformed_authorization_is_401_on_every_route() {
-    let service = Orders::new();
+async fn malformed_authorization_is_401_on_every_route(db: &TestDb) {
+    let service = Orders::new(db);
     let too_long = format!("Bearer {}", "a".repeat(65));
     for authorization in ["Basic YWxpY2U6cHc=", "Bearer", "Bearer ", "Bearer two words", "acct_alice", &too_long] {
         for (method, uri) in [("POST", "/orders"), ("GET", "/orders"), ("GET", "/orders/whatever")] {
@@ -196,12 +389,11 @@ async fn malformed_authorization_is_401_on_every_route() {
             service.send(request).await.assert_problem(StatusCode::UNAUTHORIZED, "unauthenticated");
         }
     }
-    assert_eq!(service.idempotency.len(), 0);
+    assert_eq!(db.idempotency_records().await, 0);
 }
 
-#[tokio::test]
-async fn bearer_scheme_is_case_insensitive_and_64_character_accounts_are_accepted() {
-    let service = Orders::new();
+async fn bearer_scheme_is_case_insensitive_and_64_character_accounts_are_accepted(db: &TestDb) {
+    let service = Orders::new(db);
     let account = "a".repeat(64);
     let request = Request::get("/orders")
         .header("authorization", format!("bearer {account}"))
@@ -214,9 +406,8 @@ async fn bearer_scheme_is_case_insensitive_and_64_character_accounts_are_accepte
 // Create and replay
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn create_answers_201_with_location_json_and_the_order() {
-    let service = Orders::new();
+async fn create_answers_201_with_location_json_and_the_order(db: &TestDb) {
+    let service = Orders::new(db);
     let created = service.create(ALICE, "key-1", &order_body("book-42", "1500")).await;
 
     assert_eq!(created.header("content-type"), Some("application/json"));
@@ -238,9 +429,8 @@ async fn create_answers_201_with_location_json_and_the_order() {
     assert_eq!(read.body, created.body, "GET answers the same order document");
 }
 
-#[tokio::test]
-async fn retry_with_same_key_and_body_replays_the_first_answer_and_creates_one_order() {
-    let service = Orders::new();
+async fn retry_with_same_key_and_body_replays_the_first_answer_and_creates_one_order(db: &TestDb) {
+    let service = Orders::new(db);
     let body = order_body("book", "100");
     let first = service.create(ALICE, "key-1", &body).await;
     let retry = service.post(Some(ALICE), Some("key-1"), &body).await;
@@ -256,26 +446,23 @@ async fn retry_with_same_key_and_body_replays_the_first_answer_and_creates_one_o
     assert_eq!(ids(listed["orders"].as_array().expect("orders")), vec![order_id(&first)]);
 }
 
-#[tokio::test]
-async fn same_key_with_a_different_body_is_422_idempotency_key_reused() {
-    let service = Orders::new();
+async fn same_key_with_a_different_body_is_422_idempotency_key_reused(db: &TestDb) {
+    let service = Orders::new(db);
     service.create(ALICE, "key-1", &order_body("book", "100")).await;
     let reused = service.post(Some(ALICE), Some("key-1"), &order_body("pen", "100")).await;
     reused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
     assert_eq!(service.list(ALICE, "/orders").await["orders"].as_array().map(Vec::len), Some(1));
 }
 
-#[tokio::test]
-async fn missing_idempotency_key_is_400_idempotency_key_missing_and_creates_nothing() {
-    let service = Orders::new();
+async fn missing_idempotency_key_is_400_idempotency_key_missing_and_creates_nothing(db: &TestDb) {
+    let service = Orders::new(db);
     let refused = service.post(Some(ALICE), None, &order_body("book", "100")).await;
     refused.assert_problem(StatusCode::BAD_REQUEST, "idempotency_key_missing");
     assert_eq!(service.list(ALICE, "/orders").await["orders"], serde_json::json!([]));
 }
 
-#[tokio::test]
-async fn invalid_input_is_422_validation_failed_and_a_corrected_retry_with_the_same_key_executes() {
-    let service = Orders::new();
+async fn invalid_input_is_422_validation_failed_and_a_corrected_retry_with_the_same_key_executes(db: &TestDb) {
+    let service = Orders::new(db);
     let invalid = service.post(Some(ALICE), Some("key-1"), &order_body("book", "-100")).await;
     let detail = invalid.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed");
     assert!(detail.contains("amount_minor"), "{detail}");
@@ -286,9 +473,8 @@ async fn invalid_input_is_422_validation_failed_and_a_corrected_retry_with_the_s
     assert_eq!(corrected.json()["amount_minor"], 100);
 }
 
-#[tokio::test]
-async fn every_kind_of_invalid_order_is_422_validation_failed_naming_the_problem() {
-    let service = Orders::new();
+async fn every_kind_of_invalid_order_is_422_validation_failed_naming_the_problem(db: &TestDb) {
+    let service = Orders::new(db);
     let cases = [
         ("not json", "JSON object"),
         (r#"["a",1,1,"JPY"]"#, "JSON object"),
@@ -320,12 +506,11 @@ async fn every_kind_of_invalid_order_is_422_validation_failed_naming_the_problem
         assert!(detail.contains(expected), "{body}: {detail:?} should mention {expected:?}");
     }
     assert_eq!(service.list(ALICE, "/orders").await["orders"], serde_json::json!([]));
-    assert_eq!(service.idempotency.len(), 0, "every 422 was released");
+    assert_eq!(db.idempotency_records().await, 0, "every 422 was released");
 }
 
-#[tokio::test]
-async fn a_body_not_declared_as_json_is_415() {
-    let service = Orders::new();
+async fn a_body_not_declared_as_json_is_415(db: &TestDb) {
+    let service = Orders::new(db);
     let request = Request::post("/orders")
         .header("authorization", format!("Bearer {ALICE}"))
         .header("idempotency-key", "key-1")
@@ -339,9 +524,8 @@ async fn a_body_not_declared_as_json_is_415() {
 // Exact amounts
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn amounts_beyond_f64_and_u64_are_preserved_exactly() {
-    let service = Orders::new();
+async fn amounts_beyond_f64_and_u64_are_preserved_exactly(db: &TestDb) {
+    let service = Orders::new(db);
     for (key, amount) in [("key-1", "9007199254740993"), ("key-2", "123456789012345678901234567890"), ("key-3", "0")] {
         let created = service.create(ALICE, key, &order_body("book", amount)).await;
         let expected = format!(r#""amount_minor":{amount},"#);
@@ -351,9 +535,8 @@ async fn amounts_beyond_f64_and_u64_are_preserved_exactly() {
     }
 }
 
-#[tokio::test]
-async fn amounts_that_differ_beyond_f64_precision_under_different_keys_are_different_orders() {
-    let service = Orders::new();
+async fn amounts_that_differ_beyond_f64_precision_under_different_keys_are_different_orders(db: &TestDb) {
+    let service = Orders::new(db);
     let odd = service.create(ALICE, "key-1", &order_body("book", "9007199254740993")).await;
     let even = service.create(ALICE, "key-2", &order_body("book", "9007199254740992")).await;
     assert_eq!(even.header("idempotent-replayed"), None);
@@ -363,9 +546,8 @@ async fn amounts_that_differ_beyond_f64_precision_under_different_keys_are_diffe
     assert_eq!(service.list(ALICE, "/orders").await["orders"].as_array().map(Vec::len), Some(2));
 }
 
-#[tokio::test]
-async fn key_reused_with_an_amount_that_differs_beyond_f64_precision_is_422_idempotency_key_reused() {
-    let service = Orders::new();
+async fn key_reused_with_an_amount_that_differs_beyond_f64_precision_is_422_idempotency_key_reused(db: &TestDb) {
+    let service = Orders::new(db);
     service.create(ALICE, "key-1", &order_body("book", "9007199254740993")).await;
     let reused = service.post(Some(ALICE), Some("key-1"), &order_body("book", "9007199254740992")).await;
     reused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused");
@@ -375,9 +557,8 @@ async fn key_reused_with_an_amount_that_differs_beyond_f64_precision_is_422_idem
 // Accounts
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn two_accounts_using_the_same_key_get_separate_orders() {
-    let service = Orders::new();
+async fn two_accounts_using_the_same_key_get_separate_orders(db: &TestDb) {
+    let service = Orders::new(db);
     let body = order_body("book", "100");
     let alices = service.create(ALICE, "shared-key", &body).await;
     let bobs = service.create(BOB, "shared-key", &body).await;
@@ -390,9 +571,8 @@ async fn two_accounts_using_the_same_key_get_separate_orders() {
     assert_eq!(ids(service.list(BOB, "/orders").await["orders"].as_array().expect("orders")), [order_id(&bobs)]);
 }
 
-#[tokio::test]
-async fn another_accounts_order_an_unknown_id_and_a_malformed_id_are_the_same_404() {
-    let service = Orders::new();
+async fn another_accounts_order_an_unknown_id_and_a_malformed_id_are_the_same_404(db: &TestDb) {
+    let service = Orders::new(db);
     let alices = service.create(ALICE, "key-1", &order_body("book", "100")).await;
     let location = alices.header("location").expect("a location");
 
@@ -406,11 +586,10 @@ async fn another_accounts_order_an_unknown_id_and_a_malformed_id_are_the_same_40
     assert_eq!(for_bob.body, malformed.body);
 }
 
-#[tokio::test]
-async fn get_routes_are_not_guarded_by_the_idempotency_layer() {
-    let service = Orders::new();
+async fn get_routes_are_not_guarded_by_the_idempotency_layer(db: &TestDb) {
+    let service = Orders::new(db);
     service.create(ALICE, "key-1", &order_body("book", "100")).await;
-    let records = service.idempotency.len();
+    let records = db.idempotency_records().await;
     let request = Request::get("/orders")
         .header("authorization", format!("Bearer {ALICE}"))
         .header("idempotency-key", "key-1")
@@ -419,16 +598,15 @@ async fn get_routes_are_not_guarded_by_the_idempotency_layer() {
     let listed = service.send(request).await;
     assert_eq!(listed.status, StatusCode::OK);
     assert_eq!(listed.header("idempotent-replayed"), None);
-    assert_eq!(service.idempotency.len(), records);
+    assert_eq!(db.idempotency_records().await, records);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Pagination
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn pages_of_ten_return_all_25_orders_once_newest_first_with_ties_broken_by_order_id() {
-    let service = Orders::with_ties_of_three();
+async fn pages_of_ten_return_all_25_orders_once_newest_first_with_ties_broken_by_order_id(db: &TestDb) {
+    let service = Orders::with_ties_of_three(db);
     let mut created = Vec::new();
     for n in 0..25 {
         let answer = service.create(ALICE, &format!("key-{n}"), &order_body(&format!("sku-{n}"), "1")).await;
@@ -448,9 +626,8 @@ async fn pages_of_ten_return_all_25_orders_once_newest_first_with_ties_broken_by
     assert_eq!(ids(&walked), expected);
 }
 
-#[tokio::test]
-async fn the_last_page_has_a_null_next_cursor_even_when_it_is_exactly_full() {
-    let service = Orders::new();
+async fn the_last_page_has_a_null_next_cursor_even_when_it_is_exactly_full(db: &TestDb) {
+    let service = Orders::new(db);
     for n in 0..20 {
         service.create(ALICE, &format!("key-{n}"), &order_body("book", "1")).await;
     }
@@ -463,9 +640,8 @@ async fn the_last_page_has_a_null_next_cursor_even_when_it_is_exactly_full() {
     assert_eq!(everything["next_cursor"], Value::Null);
 }
 
-#[tokio::test]
-async fn the_default_page_is_20_orders() {
-    let service = Orders::new();
+async fn the_default_page_is_20_orders(db: &TestDb) {
+    let service = Orders::new(db);
     for n in 0..21 {
         service.create(ALICE, &format!("key-{n}"), &order_body("book", "1")).await;
     }
@@ -474,9 +650,8 @@ async fn the_default_page_is_20_orders() {
     assert!(page["next_cursor"].is_string());
 }
 
-#[tokio::test]
-async fn an_order_created_between_page_fetches_neither_repeats_nor_skips_older_orders() {
-    let service = Orders::new();
+async fn an_order_created_between_page_fetches_neither_repeats_nor_skips_older_orders(db: &TestDb) {
+    let service = Orders::new(db);
     for n in 0..25 {
         service.create(ALICE, &format!("key-{n}"), &order_body("book", "1")).await;
     }
@@ -495,9 +670,8 @@ async fn an_order_created_between_page_fetches_neither_repeats_nor_skips_older_o
     assert_eq!(ids(&service.walk(ALICE, 10).await)[0], order_id(&newest), "a fresh walk starts with it");
 }
 
-#[tokio::test]
-async fn a_tampered_cursor_is_400_invalid_cursor() {
-    let service = Orders::new();
+async fn a_tampered_cursor_is_400_invalid_cursor(db: &TestDb) {
+    let service = Orders::new(db);
     for n in 0..3 {
         service.create(ALICE, &format!("key-{n}"), &order_body("book", "1")).await;
     }
@@ -521,9 +695,8 @@ async fn a_tampered_cursor_is_400_invalid_cursor() {
     }
 }
 
-#[tokio::test]
-async fn another_accounts_cursor_is_400_invalid_cursor() {
-    let service = Orders::new();
+async fn another_accounts_cursor_is_400_invalid_cursor(db: &TestDb) {
+    let service = Orders::new(db);
     for n in 0..3 {
         service.create(ALICE, &format!("key-{n}"), &order_body("book", "1")).await;
         service.create(BOB, &format!("key-{n}"), &order_body("book", "1")).await;
@@ -535,9 +708,8 @@ async fn another_accounts_cursor_is_400_invalid_cursor() {
     assert!(detail.contains("another account"), "{detail}");
 }
 
-#[tokio::test]
-async fn a_cursor_of_another_version_or_signed_with_another_secret_is_400_invalid_cursor() {
-    let service = Orders::new();
+async fn a_cursor_of_another_version_or_signed_with_another_secret_is_400_invalid_cursor(db: &TestDb) {
+    let service = Orders::new(db);
     let alice = orders::Account::parse(ALICE).expect("a valid account");
     let payload = serde_json::json!({
         "v": 2,
@@ -560,9 +732,10 @@ async fn a_cursor_of_another_version_or_signed_with_another_secret_is_400_invali
         .assert_problem(StatusCode::BAD_REQUEST, "invalid_cursor");
 }
 
-#[tokio::test]
-async fn limit_out_of_range_or_not_a_number_is_400_invalid_limit_and_a_repeated_limit_is_400_invalid_query() {
-    let service = Orders::new();
+async fn limit_out_of_range_or_not_a_number_is_400_invalid_limit_and_a_repeated_limit_is_400_invalid_query(
+    db: &TestDb,
+) {
+    let service = Orders::new(db);
     for limit in ["0", "101", "1000", "abc", "-1", "1.5", ""] {
         let answer = service.get(ALICE, &format!("/orders?limit={limit}")).await;
         answer.assert_problem(StatusCode::BAD_REQUEST, "invalid_limit");
@@ -572,6 +745,55 @@ async fn limit_out_of_range_or_not_a_number_is_400_invalid_limit_and_a_repeated_
     for limit in ["1", "100"] {
         assert_eq!(service.get(ALICE, &format!("/orders?limit={limit}")).await.status, StatusCode::OK);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One transaction
+// ---------------------------------------------------------------------------------------------
+
+async fn create_writes_the_order_and_the_stored_answer_in_one_transaction(db: &TestDb) {
+    let service = Orders::new(db);
+
+    // A 201: the order row and a completed record, committed together.
+    let created = service.create(ALICE, "key-ok", &order_body("committed", "100")).await;
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM orders WHERE sku = 'committed'").await, 1);
+    assert_eq!(db.strings("SELECT state FROM idempotency_records").await, ["completed"]);
+    let operation_id = created.json()["idempotency_operation_id"].as_str().expect("an operation id").to_owned();
+    assert_eq!(db.strings("SELECT idempotency_operation_id FROM orders").await, [operation_id]);
+
+    // The INSERT fails: the handler answers 500, and the claim is rolled back with it.
+    db.execute(
+        "CREATE TRIGGER refuse_sku BEFORE INSERT ON orders WHEN NEW.sku = 'refused'
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        "ALTER TABLE orders ADD CONSTRAINT refuse_sku CHECK (sku <> 'refused')",
+    )
+    .await;
+    let failed = service.post(Some(ALICE), Some("key-refused"), &order_body("refused", "100")).await;
+    failed.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "internal");
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM orders WHERE sku = 'refused'").await, 0);
+    assert_eq!(db.idempotency_records().await, 1, "a 5xx leaves no record");
+    db.execute("DROP TRIGGER refuse_sku", "ALTER TABLE orders DROP CONSTRAINT refuse_sku").await;
+    let retried = service.create(ALICE, "key-refused", &order_body("refused", "100")).await;
+    assert_eq!(retried.header("idempotent-replayed"), None, "nothing was stored, so the retry executes");
+
+    // The INSERT succeeds but the answer cannot be stored: the order is rolled back with it.
+    db.execute(
+        "CREATE TRIGGER refuse_completion BEFORE UPDATE ON idempotency_records WHEN NEW.state = 'completed'
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        "ALTER TABLE idempotency_records ADD CONSTRAINT refuse_completion CHECK (state <> 'completed') NOT VALID",
+    )
+    .await;
+    let unanswered = service.post(Some(ALICE), Some("key-unanswered"), &order_body("unanswered", "100")).await;
+    assert!(unanswered.status.is_server_error(), "{} {}", unanswered.status, unanswered.text());
+    assert_eq!(unanswered.header("content-type"), Some("application/problem+json"));
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM orders WHERE sku = 'unanswered'").await, 0, "the INSERT rolled back");
+    assert_eq!(db.idempotency_records().await, 2);
+    db.execute("DROP TRIGGER refuse_completion", "ALTER TABLE idempotency_records DROP CONSTRAINT refuse_completion")
+        .await;
+    let answered = service.create(ALICE, "key-unanswered", &order_body("unanswered", "100")).await;
+    assert_eq!(answered.header("idempotent-replayed"), None);
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM orders WHERE sku = 'unanswered'").await, 1);
+    assert_eq!(db.strings("SELECT state FROM idempotency_records").await, ["completed"; 3]);
 }
 
 // ---------------------------------------------------------------------------------------------

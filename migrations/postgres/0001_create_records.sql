@@ -40,3 +40,35 @@ CREATE INDEX IF NOT EXISTS "{table}_response_until_idx"
 -- Recovery looks for stale leases and unknown outcomes.
 CREATE INDEX IF NOT EXISTS "{table}_open_idx"
     ON "{schema}"."{table}" (lease_until) WHERE state IN ('processing', 'unknown');
+
+-- Atomic mode's claim, sent in the same round trip as BEGIN. It waits, for at most
+-- p_lock_ms, for a concurrent claimant of the same identity (a transaction-scoped advisory
+-- lock: released by that claimant's COMMIT or ROLLBACK), then refuses with SQLSTATE TI001 if a
+-- live record is there, so the store reads it and replays. The lock only orders waiters, so
+-- that a duplicate sees the first request's outcome instead of running the handler again;
+-- uniqueness is the primary key's, enforced once more by the INSERT that stores the outcome
+-- (which is what decides at isolation levels where this check cannot see a fresh commit).
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_claim"(
+    p_record_id bytea,
+    p_lock_key bigint,
+    p_lock_ms integer,
+    p_fingerprint bytea,
+    p_reexecute boolean
+) RETURNS void LANGUAGE plpgsql AS $claim$
+DECLARE
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+    PERFORM pg_advisory_xact_lock(p_lock_key);
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    IF EXISTS (
+        SELECT 1 FROM "{schema}"."{table}" r
+        WHERE r.record_id = p_record_id
+          AND NOT COALESCE(r.forget_at <= clock_timestamp(), false)
+          AND NOT (p_reexecute AND r.state = 'processing' AND r.lease_until <= clock_timestamp()
+                   AND r.fingerprint = p_fingerprint)
+    ) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI001', MESSAGE = 'an idempotency record exists for this identity';
+    END IF;
+END
+$claim$;

@@ -64,6 +64,8 @@ pub(crate) struct Scratch {
     members: Vec<Member>,
     active: Vec<u32>,
     frames: Vec<Frame>,
+    /// A reusable output buffer for callers (not touched by this module).
+    pub(crate) output: Vec<u8>,
 }
 
 impl Scratch {
@@ -87,6 +89,9 @@ impl Scratch {
         }
         if self.parse_stack.capacity() > 1 << 10 {
             self.parse_stack = Vec::new();
+        }
+        if self.output.capacity() > 1 << 20 {
+            self.output = Vec::new();
         }
     }
 

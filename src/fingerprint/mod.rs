@@ -376,17 +376,35 @@ pub fn fingerprint(
         h.field(value);
     }
 
+    with_scratch(|scratch| {
+        // One buffer, reused across calls, for the content type and the body.
+        let mut canonical = std::mem::take(&mut scratch.output);
+        let digest = finish(h, headers, body, spec, scratch, &mut canonical);
+        canonical.clear();
+        scratch.output = canonical;
+        Fingerprint { version: FINGERPRINT_VERSION, digest }
+    })
+}
+
+/// The content type, declared headers and body of [`fingerprint`].
+fn finish(
+    mut h: Hasher,
+    headers: &HeaderMap,
+    body: &[u8],
+    spec: &FingerprintSpec,
+    scratch: &mut Scratch,
+    canonical: &mut Vec<u8>,
+) -> [u8; 32] {
     let mut kind = BodyKind::Raw;
     let content_types = headers.get_all(header::CONTENT_TYPE);
     h.count(content_types.iter().count());
-    let mut canonical = Vec::new();
     for (k, value) in content_types.iter().enumerate() {
         canonical.clear();
-        let this = content_type(value.as_bytes(), &mut canonical);
+        let this = content_type(value.as_bytes(), canonical);
         if k == 0 {
             kind = this;
         }
-        h.field(&canonical);
+        h.field(canonical);
     }
 
     h.count(spec.headers.len());
@@ -404,17 +422,18 @@ pub fn fingerprint(
     }
     canonical.clear();
     let (tag, bytes) = match kind {
-        BodyKind::Json if json_into(body, &spec.ignored, spec.max_json_depth, &mut canonical) => (b'J', &canonical[..]),
+        BodyKind::Json if json::canonicalize_into(body, &spec.ignored, spec.max_json_depth, scratch, canonical) => {
+            (b'J', &canonical[..])
+        }
         BodyKind::Form => {
-            canonical = form::canonical(body);
+            *canonical = form::canonical(body);
             (b'F', &canonical[..])
         }
         BodyKind::Json | BodyKind::Raw => (b'R', body),
     };
     h.0.update([tag]);
     h.field(bytes);
-
-    Fingerprint { version: FINGERPRINT_VERSION, digest: h.0.finalize().into() }
+    h.0.finalize().into()
 }
 
 #[cfg(test)]

@@ -213,8 +213,8 @@ impl Claim for MemoryClaim {
         None
     }
 
-    fn fencing_token(&self) -> u64 {
-        self.token
+    fn fencing_token(&self) -> Option<u64> {
+        Some(self.token)
     }
 
     async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {

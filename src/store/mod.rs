@@ -30,6 +30,8 @@ pub mod memory;
 pub mod postgres;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod sql;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 use std::future::Future;
 use std::time::Duration;
@@ -224,9 +226,10 @@ pub trait Claim: Send + 'static {
     /// The handle for the handler, if this store hands one out.
     fn handle(&self) -> Option<Self::Handle>;
 
-    /// The fencing token of this claim: strictly greater than any earlier claim's on the
-    /// same identity.
-    fn fencing_token(&self) -> u64;
+    /// The fencing token of a leased claim: strictly greater than any earlier claim's on the
+    /// same identity. `None` for an atomic claim, which the database transaction itself fences
+    /// (nothing of it is visible to anyone until it commits).
+    fn fencing_token(&self) -> Option<u64>;
 
     /// Settles the claim. In atomic mode this stores the response and COMMITs (or rolls back).
     fn finish(self, outcome: Outcome) -> impl Future<Output = Result<(), FinishError>> + Send;

@@ -27,6 +27,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr, SqlStr};
 use tokio::time::Instant;
@@ -35,15 +36,19 @@ use super::sql::{Found, RecordRow, check_identifier, millis};
 use super::{
     Begin, BeginRequest, Claim, CouplingMode, FinishError, Outcome, Retention, StaleLeasePolicy, Store, StoreError,
 };
+use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::record::StoredResponse;
-use crate::tx::TxHandle;
+use crate::tx::{ManagedTx, OpenTx, TxHandle};
 
 const MIGRATION_0001: &str = include_str!("../../migrations/postgres/0001_create_records.sql");
 
 /// The savepoint taken right after the claim, so a stored failure can roll the handler's
 /// writes back and keep the claim.
 const CLAIM_SAVEPOINT: &str = "tower_idempotency_claim";
+
+/// The SQLSTATE the `_claim` function raises when a live record is in the way.
+const RECORD_EXISTS: &str = "TI001";
 
 /// A PostgreSQL-backed [`Store`].
 #[derive(Clone)]
@@ -129,38 +134,54 @@ impl PostgresStore {
 
     async fn begin_atomic(&self, request: &BeginRequest<'_>) -> Result<Begin<PgClaim>, StoreError> {
         let deadline = Instant::now() + request.wait;
+        // Retries of finished requests are the common case worth making cheap: one plain read,
+        // no transaction, no lock. A miss costs one round trip before the claim.
+        if let Some(answer) = self.settle_existing(request, deadline).await? {
+            return Ok(answer);
+        }
         loop {
-            // lock_timeout bounds the wait on a concurrent claimant's uncommitted row; 0 would
-            // mean no bound at all, so at least 1 ms.
-            let lock_ms = millis(deadline.saturating_duration_since(Instant::now())).max(1);
-            let begin = AssertSqlSafe(format!("BEGIN; SET LOCAL lock_timeout = {lock_ms}"));
-            let mut tx = self.pool.begin_with(begin).await.map_err(unavailable)?;
-            let claimed = self.claim_statement(request).fetch_optional(&mut *tx).await;
-            match claimed {
-                Ok(Some(row)) => {
-                    let token: i64 = row.try_get(0).map_err(unavailable)?;
-                    let after =
-                        AssertSqlSafe(format!("SET LOCAL lock_timeout TO DEFAULT; SAVEPOINT {CLAIM_SAVEPOINT}"));
-                    sqlx::raw_sql(after).execute(&mut *tx).await.map_err(unavailable)?;
-                    return Ok(Begin::Claimed(PgClaim::atomic(self, request, token, TxHandle::new(tx))));
+            // BEGIN, the bounded wait for a concurrent claimant and the check for a live record,
+            // in one round trip (see the `_claim` function in the migration). The values are
+            // ours (hex digests and integers), never the client's text. The check raises only
+            // when a record appeared since the read above: a concurrent duplicate.
+            let lock_ms = millis(deadline.saturating_duration_since(Instant::now())).clamp(1, i64::from(i32::MAX));
+            let begin = AssertSqlSafe(format!(
+                "BEGIN; SELECT \"{schema}\".\"{table}_claim\"(decode('{id}', 'hex'), {lock_key}, {lock_ms}, \
+                 decode('{fingerprint}', 'hex'), {reexecute}); SAVEPOINT {CLAIM_SAVEPOINT}",
+                schema = self.schema,
+                table = self.table,
+                id = request.id.to_hex(),
+                lock_key = lock_key(request.id),
+                fingerprint = request.fingerprint.to_hex(),
+                reexecute = request.stale_lease == StaleLeasePolicy::Reexecute,
+            ));
+            let conn = self.pool.acquire().await.map_err(unavailable)?;
+            let conn = match ManagedTx::begin(conn, begin.into_sql_str()).await {
+                Ok(tx) => {
+                    return Ok(Begin::Claimed(PgClaim::atomic(self, request, TxHandle::from_open(OpenTx::Managed(tx)))));
                 }
-                Ok(None) => {
-                    // Someone else's committed record is in the way; read it outside this
-                    // transaction, so the read sees it whatever the isolation level.
-                    let _ = tx.rollback().await;
+                Err((error, conn)) => match sqlstate(&error).as_deref() {
+                    Some(RECORD_EXISTS) => conn,
+                    Some(LOCK_NOT_AVAILABLE) => {
+                        drop(rollback_and_read(conn, &self.sql.read_literal(request.id)).await);
+                        return Ok(Begin::InFlight { retry_after: Duration::from_secs(1) });
+                    }
+                    Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED) if Instant::now() < deadline => {
+                        drop(rollback_and_read(conn, &self.sql.read_literal(request.id)).await);
+                        continue;
+                    }
+                    _ => return Err(unavailable(error)),
+                },
+            };
+            // A live record is in the way. Roll the failed claim back and read the record in
+            // one round trip: a new statement, outside any transaction, so the read sees it
+            // whatever the isolation level.
+            let row = rollback_and_read(conn, &self.sql.read_literal(request.id)).await?;
+            if let Some(row) = row {
+                match self.act_on(request, deadline, row).await? {
+                    Some(answer) => return Ok(answer),
+                    None => continue,
                 }
-                Err(error) if is_lock_timeout(&error) => {
-                    let _ = tx.rollback().await;
-                    return Ok(Begin::InFlight { retry_after: Duration::from_secs(1) });
-                }
-                Err(error) if is_retryable(&error) && Instant::now() < deadline => {
-                    let _ = tx.rollback().await;
-                    continue;
-                }
-                Err(error) => return Err(unavailable(error)),
-            }
-            if let Some(answer) = self.settle_existing(request, deadline).await? {
-                return Ok(answer);
             }
         }
     }
@@ -189,15 +210,28 @@ impl PostgresStore {
         request: &BeginRequest<'_>,
         deadline: Instant,
     ) -> Result<Option<Begin<PgClaim>>, StoreError> {
+        let row = sqlx::query(self.sql.read.clone())
+            .bind(request.id.digest().as_slice())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        match row {
+            Some(row) => self.act_on(request, deadline, record_row(&row)?).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Decides what a record found in the way means. `None`: try to claim again. Waits
+    /// (polling, bounded by `deadline`) while a leased holder is alive.
+    async fn act_on(
+        &self,
+        request: &BeginRequest<'_>,
+        deadline: Instant,
+        mut row: RecordRow,
+    ) -> Result<Option<Begin<PgClaim>>, StoreError> {
         let mut backoff = Duration::from_millis(10);
         loop {
-            let row = sqlx::query(self.sql.read.clone())
-                .bind(request.id.digest().as_slice())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(unavailable)?;
-            let Some(row) = row else { return Ok(None) };
-            match record_row(&row)?.decide(request.fingerprint, request.stale_lease)? {
+            match row.decide(request.fingerprint, request.stale_lease)? {
                 Found::Forgotten => return Ok(None),
                 Found::Record(record) => return Ok(Some(Begin::Existing(record))),
                 Found::StaleLease { token, record } => {
@@ -221,6 +255,15 @@ impl PostgresStore {
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
             }
+            let fresh = sqlx::query(self.sql.read.clone())
+                .bind(request.id.digest().as_slice())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(unavailable)?;
+            match fresh {
+                Some(fresh) => row = record_row(&fresh)?,
+                None => return Ok(None),
+            }
         }
     }
 
@@ -228,12 +271,11 @@ impl PostgresStore {
         &self,
         request: &BeginRequest<'_>,
     ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-        let lease_ms = (self.mode == CouplingMode::Leased).then(|| millis(request.lease));
         sqlx::query(self.sql.claim.clone())
             .bind(request.id.digest().to_vec())
             .bind(i16::from(request.fingerprint.version()))
             .bind(request.fingerprint.digest().to_vec())
-            .bind(lease_ms)
+            .bind(millis(request.lease))
             .bind(request.stale_lease == StaleLeasePolicy::Reexecute)
     }
 }
@@ -263,35 +305,43 @@ impl Store for PostgresStore {
 pub struct PgClaim {
     store: PostgresStore,
     id: RecordId,
-    token: i64,
+    fingerprint: Fingerprint,
+    reexecute: bool,
+    /// The leased claim's fencing token; atomic claims have none until they commit.
+    token: Option<i64>,
     retention: Retention,
     handle: Option<TxHandle<Postgres>>,
     settled: bool,
 }
 
 impl PgClaim {
-    fn atomic(store: &PostgresStore, request: &BeginRequest<'_>, token: i64, handle: TxHandle<Postgres>) -> Self {
+    fn new(
+        store: &PostgresStore,
+        request: &BeginRequest<'_>,
+        token: Option<i64>,
+        handle: Option<TxHandle<Postgres>>,
+    ) -> Self {
         Self {
             store: store.clone(),
             id: *request.id,
+            fingerprint: *request.fingerprint,
+            reexecute: request.stale_lease == StaleLeasePolicy::Reexecute,
             token,
             retention: request.retention,
-            handle: Some(handle),
+            handle,
             settled: false,
         }
+    }
+
+    fn atomic(store: &PostgresStore, request: &BeginRequest<'_>, handle: TxHandle<Postgres>) -> Self {
+        Self::new(store, request, None, Some(handle))
     }
 
     fn leased(store: &PostgresStore, request: &BeginRequest<'_>, token: i64) -> Self {
-        Self {
-            store: store.clone(),
-            id: *request.id,
-            token,
-            retention: request.retention,
-            handle: None,
-            settled: false,
-        }
+        Self::new(store, request, Some(token), None)
     }
 
+    /// Leased: the fenced update that settles the claim.
     fn finish_query(
         &self,
         state: &'static str,
@@ -329,10 +379,25 @@ impl PgClaim {
                 ("failed", response)
             }
         };
-        let updated = self.finish_query(state, &response).execute(&mut *tx).await;
-        match updated {
-            Ok(done) if done.rows_affected() == 1 => {}
-            Ok(_) => {
+        // The record is written once, with its outcome: atomic mode never commits a
+        // `processing` row. The primary key decides here, whatever happened before.
+        let stored = sqlx::query(self.store.sql.store_outcome.clone())
+            .bind(self.id.digest().to_vec())
+            .bind(state)
+            .bind(i16::from(self.fingerprint.version()))
+            .bind(self.fingerprint.digest().to_vec())
+            .bind(response.status.as_u16() as i16)
+            .bind(response.encode_headers())
+            .bind(response.body.to_vec())
+            .bind(millis(self.retention.response))
+            .bind(millis(self.retention.tombstone))
+            .bind(self.reexecute)
+            .fetch_optional(&mut *tx)
+            .await;
+        match stored {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                // Another request's record won: this execution's writes roll back with it.
                 let _ = tx.rollback().await;
                 return Err(FinishError::LeaseLost);
             }
@@ -372,8 +437,8 @@ impl Claim for PgClaim {
         self.handle.clone()
     }
 
-    fn fencing_token(&self) -> u64 {
-        self.token as u64
+    fn fencing_token(&self) -> Option<u64> {
+        self.token.map(|token| token as u64)
     }
 
     async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {
@@ -397,7 +462,8 @@ impl Drop for PgClaim {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (pool, sql, id, token) = (self.store.pool.clone(), self.store.sql.abandon.clone(), self.id, self.token);
+        let Some(token) = self.token else { return };
+        let (pool, sql, id) = (self.store.pool.clone(), self.store.sql.abandon.clone(), self.id);
         runtime.spawn(async move {
             let _ = sqlx::query(sql).bind(id.digest().to_vec()).bind(token).execute(&pool).await;
         });
@@ -405,7 +471,10 @@ impl Drop for PgClaim {
 }
 
 struct Statements {
+    /// The read, for the simple-query protocol: `{id}` is replaced with a hex digest.
+    read_template: String,
     claim: SqlStr,
+    store_outcome: SqlStr,
     read: SqlStr,
     mark_unknown: SqlStr,
     finish: SqlStr,
@@ -419,7 +488,13 @@ impl Statements {
     fn new(schema: &str, table: &str) -> Self {
         let t = format!("\"{schema}\".\"{table}\"");
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
+        let columns = "state, fingerprint_version, fingerprint, fencing_token, \
+                       (EXTRACT(EPOCH FROM (lease_until - clock_timestamp())) * 1000)::bigint, \
+                       COALESCE(response_until <= clock_timestamp(), false), \
+                       COALESCE(forget_at <= clock_timestamp(), false), \
+                       response_status, response_headers, response_body";
         Self {
+            read_template: format!("SELECT {columns} FROM {t} WHERE record_id = decode('{{id}}', 'hex')"),
             // Claims a new identity, or takes over a forgotten record, or (when the route is
             // re-executable) a dead holder's lease on the same request. Any other existing row
             // returns nothing; a concurrent claimant's uncommitted row makes this wait.
@@ -438,14 +513,27 @@ impl Statements {
                         AND r.fingerprint = EXCLUDED.fingerprint) \
                  RETURNING fencing_token"
             )),
-            read: sql(format!(
-                "SELECT state, fingerprint_version, fingerprint, fencing_token, \
-                        (EXTRACT(EPOCH FROM (lease_until - clock_timestamp())) * 1000)::bigint, \
-                        COALESCE(response_until <= clock_timestamp(), false), \
-                        COALESCE(forget_at <= clock_timestamp(), false), \
-                        response_status, response_headers, response_body \
-                 FROM {t} WHERE record_id = $1"
+            // Atomic: stores the outcome and the record in one row, at the end of the claiming
+            // transaction. Takes over only what the claim function let through.
+            store_outcome: sql(format!(
+                "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                     response_status, response_headers, response_body, response_until, forget_at) \
+                 VALUES ($1, $2, $3, $4, nextval('\"{schema}\".\"{table}_fencing_seq\"'), $5, $6, $7, \
+                         clock_timestamp() + $8::float8 * interval '1 millisecond', \
+                         clock_timestamp() + ($8::float8 + $9::float8) * interval '1 millisecond') \
+                 ON CONFLICT ON CONSTRAINT \"{table}_pkey\" DO UPDATE SET \
+                     state = EXCLUDED.state, fingerprint_version = EXCLUDED.fingerprint_version, \
+                     fingerprint = EXCLUDED.fingerprint, fencing_token = EXCLUDED.fencing_token, \
+                     lease_until = NULL, response_status = EXCLUDED.response_status, \
+                     response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, \
+                     response_until = EXCLUDED.response_until, forget_at = EXCLUDED.forget_at, \
+                     created_at = clock_timestamp(), updated_at = clock_timestamp() \
+                 WHERE r.forget_at <= clock_timestamp() \
+                    OR ($10 AND r.state = 'processing' AND r.lease_until <= clock_timestamp() \
+                        AND r.fingerprint = EXCLUDED.fingerprint) \
+                 RETURNING fencing_token"
             )),
+            read: sql(format!("SELECT {columns} FROM {t} WHERE record_id = $1")),
             mark_unknown: sql(format!(
                 "UPDATE {t} SET state = 'unknown', updated_at = clock_timestamp() \
                  WHERE record_id = $1 AND fencing_token = $2 AND state = 'processing' \
@@ -483,6 +571,13 @@ impl Statements {
     }
 }
 
+impl Statements {
+    /// The read with the identity written in (it is our hex digest, never client text).
+    fn read_literal(&self, id: &RecordId) -> String {
+        self.read_template.replace("{id}", &id.to_hex())
+    }
+}
+
 fn record_row(row: &PgRow) -> Result<RecordRow, StoreError> {
     let corrupt = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
     Ok(RecordRow {
@@ -499,6 +594,12 @@ fn record_row(row: &PgRow) -> Result<RecordRow, StoreError> {
     })
 }
 
+/// The advisory lock key of an identity: the first eight bytes of its digest.
+fn lock_key(id: &RecordId) -> i64 {
+    let (first, _) = id.digest().split_first_chunk::<8>().expect("a 32-byte digest");
+    i64::from_be_bytes(*first)
+}
+
 fn unavailable(error: sqlx::Error) -> StoreError {
     StoreError::Unavailable(Box::new(error))
 }
@@ -507,12 +608,26 @@ fn sqlstate(error: &sqlx::Error) -> Option<String> {
     error.as_database_error().and_then(|e| e.code()).map(|code| code.into_owned())
 }
 
-/// `lock_not_available`: the bounded wait on a concurrent claimant ran out.
-fn is_lock_timeout(error: &sqlx::Error) -> bool {
-    sqlstate(error).as_deref() == Some("55P03")
-}
+/// The bounded wait on a concurrent claimant ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+const SERIALIZATION_FAILURE: &str = "40001";
+const DEADLOCK_DETECTED: &str = "40P01";
 
 /// Serialization failures and deadlocks: the claim may simply be tried again.
 fn is_retryable(error: &sqlx::Error) -> bool {
-    matches!(sqlstate(error).as_deref(), Some("40001" | "40P01"))
+    matches!(sqlstate(error).as_deref(), Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED))
+}
+
+/// Rolls back a connection whose claim failed and reads the record, in one round trip; the
+/// connection then goes back to the pool clean.
+async fn rollback_and_read(mut conn: PoolConnection<Postgres>, read: &str) -> Result<Option<RecordRow>, StoreError> {
+    let rows = sqlx::raw_sql(AssertSqlSafe(format!("ROLLBACK; {read}"))).fetch_all(&mut *conn).await;
+    match rows {
+        Ok(rows) => rows.first().map(record_row).transpose(),
+        Err(error) => {
+            // The connection's state is unknown: do not give it back to the pool.
+            conn.close_on_drop();
+            Err(unavailable(error))
+        }
+    }
 }

@@ -55,3 +55,44 @@ pub async fn pg_store(mode: tower_idempotency::CouplingMode) -> tower_idempotenc
     store.migrate().await.expect("migrate");
     store
 }
+pub mod server;
+
+/// A migrated SQLite store on a database file of its own in the system temp dir, in WAL mode,
+/// with room for the suites' concurrent cases: 32 connections, and a 10 s busy timeout for
+/// writers queueing on the write lock. The files stay for inspection; the first call of a run
+/// removes those of earlier runs (older than ten minutes).
+#[cfg(feature = "sqlite")]
+pub async fn sqlite_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::SqliteStore {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| {
+        let stale = |entry: &std::fs::DirEntry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = name.starts_with("tidem_") && [".db", ".db-wal", ".db-shm"].iter().any(|e| name.ends_with(e));
+            let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+            ours && age.is_some_and(|age| age > Duration::from_secs(600))
+        };
+        for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+            if stale(&entry) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    });
+    let path = std::env::temp_dir().join(unique_name("tidem") + ".db");
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(10))
+        .foreign_keys(true);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(32)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await
+        .expect("open the SQLite test database");
+    let store = tower_idempotency::SqliteStore::new(pool).mode(mode);
+    store.migrate().await.expect("migrate");
+    store
+}

@@ -1,0 +1,147 @@
+//! The crash test: the reference service runs as a child process on PostgreSQL; clients send
+//! orders and retry with the same key on any failure; the server is SIGKILLed at random
+//! moments and restarted, many times. Afterwards:
+//! - at most one order per key;
+//! - every key whose client saw a 201 has exactly one order;
+//! - a final retry of every key replays the body the client saw.
+#![cfg(all(feature = "axum", feature = "postgres", feature = "sqlite"))]
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use support::server::{Server, free_port, fresh_database, post_order};
+use tower_idempotency::{IdempotencyKey, RecordId, Scope};
+
+const CLIENTS: usize = 8;
+const KEYS_PER_CLIENT: usize = 40;
+const KILLS: usize = 25;
+const ACCOUNT: &str = "crash-account";
+
+/// What one client learned about one key.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    /// The first 201 body the client received, if any.
+    acknowledged: Option<Vec<u8>>,
+    attempts: usize,
+}
+
+fn order_body(client: usize, n: usize) -> String {
+    format!(
+        "{{\"sku\":\"sku-{client}-{n}\",\"quantity\":{},\"amount_minor\":{},\"currency\":\"EUR\"}}",
+        n + 1,
+        1000 + n
+    )
+}
+
+fn operation_id(key: &str) -> String {
+    RecordId::new(&Scope::new(ACCOUNT), "orders.create", &IdempotencyKey::new(key).unwrap()).operation_id()
+}
+
+#[test]
+fn orders_survive_sigkill_at_random_moments() {
+    tower_idempotency::testkit::run(async {
+        let database_url = fresh_database("tidem_crash").await;
+        let port = free_port();
+        let server = Arc::new(std::sync::Mutex::new(Some(Server::start(&database_url, port))));
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
+
+        // The clients: each walks its keys in order, retrying each until a 201 arrives.
+        let mut clients = Vec::new();
+        for client in 0..CLIENTS {
+            let (stop, answered) = (stop.clone(), answered.clone());
+            clients.push(tokio::spawn(async move {
+                let mut seen: HashMap<String, Seen> = HashMap::new();
+                for n in 0..KEYS_PER_CLIENT {
+                    let key = format!("crash-{client}-{n}-{}", std::process::id());
+                    let body = order_body(client, n);
+                    let entry = seen.entry(key.clone()).or_default();
+                    loop {
+                        entry.attempts += 1;
+                        match post_order(addr, ACCOUNT, &key, &body).await {
+                            Ok(reply) if reply.status == 201 => {
+                                entry.acknowledged = Some(reply.body);
+                                answered.fetch_add(1, Ordering::Relaxed);
+                                break;
+                            }
+                            Ok(reply) => assert!(
+                                matches!(reply.status, 409 | 503),
+                                "a retry may only be told to wait (409, 503), got {} {}",
+                                reply.status,
+                                reply.text()
+                            ),
+                            Err(_transport) => {}
+                        }
+                        if stop.load(Ordering::Relaxed) && entry.attempts > 200 {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                seen
+            }));
+        }
+
+        // The killer: SIGKILL at random moments, restart at once on the same port.
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
+        let mut kills = 0;
+        while kills < KILLS && answered.load(Ordering::Relaxed) < CLIENTS * KEYS_PER_CLIENT {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            tokio::time::sleep(Duration::from_millis(40 + rng % 260)).await;
+            let old = server.lock().unwrap().take();
+            if let Some(old) = old {
+                old.kill();
+            }
+            kills += 1;
+            let url = database_url.clone();
+            let fresh = tokio::task::spawn_blocking(move || Server::start(&url, port)).await.unwrap();
+            *server.lock().unwrap() = Some(fresh);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut seen = HashMap::new();
+        for client in clients {
+            seen.extend(client.await.expect("client"));
+        }
+
+        // The verdict, from the database and from a final retry of every key.
+        let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT idempotency_operation_id, count(*) FROM orders GROUP BY 1")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        let orders: HashMap<String, i64> = rows.into_iter().collect();
+        let mut acknowledged = 0;
+        for (key, seen) in &seen {
+            let count = orders.get(&operation_id(key)).copied().unwrap_or(0);
+            assert!(count <= 1, "key {key} created {count} orders");
+            let final_reply = post_order(addr, ACCOUNT, key, &order_body_for(key)).await.expect("final retry");
+            if let Some(body) = &seen.acknowledged {
+                acknowledged += 1;
+                assert_eq!(count, 1, "key {key} was acknowledged with 201 but has no order");
+                assert_eq!(final_reply.status, 201, "final retry of {key}: {}", final_reply.text());
+                assert_eq!(final_reply.header("idempotent-replayed"), Some("true"));
+                assert_eq!(&final_reply.body, body, "the final retry of {key} must replay the acknowledged body");
+            }
+        }
+        assert!(acknowledged > 0, "no request ever succeeded: the test proved nothing");
+        let total_orders: i64 = orders.values().sum();
+        println!("crash: {kills} kills, {} keys, {acknowledged} acknowledged, {total_orders} orders", seen.len());
+        pool.close().await;
+    });
+}
+
+/// The body a key was sent with (keys encode their client and index).
+fn order_body_for(key: &str) -> String {
+    let mut parts = key.split('-').skip(1);
+    let client = parts.next().unwrap().parse().unwrap();
+    let n = parts.next().unwrap().parse().unwrap();
+    order_body(client, n)
+}

@@ -1,0 +1,146 @@
+//! The reference service as a real child process, and a minimal HTTP/1.1 client for it.
+//!
+//! The client is deliberately small: one request per connection (`Connection: close`), a
+//! timeout on every step, and every failure reported as an error the caller may retry.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The `orders` example binary that `cargo test` builds next to the tests.
+pub fn orders_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let target_profile = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>/deps");
+    let binary = target_profile.join("examples").join(format!("orders{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with `cargo test --all-features`, which builds the examples",
+        binary.display()
+    );
+    binary
+}
+
+/// A free loopback port, so every restart of the server listens at the same address.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// The example server, running.
+pub struct Server {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+impl Server {
+    /// Starts the server on `port` with `DATABASE_URL=database_url`, and waits until it listens.
+    pub fn start(database_url: &str, port: u16) -> Server {
+        let mut child = Command::new(orders_binary())
+            .env("ORDERS_ADDR", format!("127.0.0.1:{port}"))
+            .env("DATABASE_URL", database_url)
+            .env("ORDERS_CURSOR_SECRET", "a-fixed-secret-for-restarts")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the orders example");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read the server's first line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("the server did not start: {line:?}"))
+            .parse()
+            .expect("address");
+        Server { child, addr }
+    }
+
+    /// SIGKILL: no graceful shutdown, no flushing, as a crash.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An answer as a client saw it.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The status code.
+    pub status: u16,
+    /// Headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// The first value of a header.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends one `POST /orders`. Any transport failure (refused, reset, timed out, cut short) is
+/// an `Err`: the client does not know what happened and may retry with the same key.
+pub async fn post_order(addr: SocketAddr, account: &str, key: &str, body: &str) -> Result<Reply, String> {
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {account}\r\nidempotency-key: {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.map_err(|e| format!("read: {e}"))?;
+        parse_reply(&raw)
+    };
+    tokio::time::timeout(Duration::from_secs(20), exchange).await.map_err(|_| "timed out".to_owned())?
+}
+
+fn parse_reply(raw: &[u8]) -> Result<Reply, String> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no complete header block")?;
+    let head = std::str::from_utf8(&raw[..split]).map_err(|_| "header block is not UTF-8")?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().ok_or("no status line")?;
+    let status = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or("bad status line")?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let body = raw[split + 4..].to_vec();
+    let length = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse::<usize>().ok());
+    match length {
+        Some(length) if body.len() != length => Err(format!("body cut short: {} of {length} bytes", body.len())),
+        _ => Ok(Reply { status, headers, body }),
+    }
+}
+
+/// A fresh PostgreSQL database on the test server; returns its URL.
+#[cfg(feature = "postgres")]
+pub async fn fresh_database(prefix: &str) -> String {
+    let name = super::unique_name(prefix);
+    let admin = sqlx::PgPool::connect(&super::database_url()).await.expect("PostgreSQL must be running");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.expect("create db");
+    admin.close().await;
+    let base = super::database_url();
+    let cut = base.rfind('/').expect("a database URL with a path");
+    format!("{}/{name}", &base[..cut])
+}
