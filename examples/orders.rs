@@ -115,13 +115,13 @@
 //! `code`). The idempotency layer's own answers (`idempotency_key_missing`,
 //! `idempotency_key_reused`, …) come from the crate.
 //!
-//! - **Storage failures** (a lost or terminated database connection, an aborted transaction, a
-//!   statement the database refuses) answer 503 `storage_unavailable` with `Retry-After: 1`,
-//!   on every route. On `POST /orders` the layer releases the 503 like any non-2xx answer:
-//!   the transaction rolls back, neither the order nor an answer is stored, and a retry with
-//!   the same `Idempotency-Key` executes afresh. A genuine bug (no transaction handle, a
-//!   stored row that is not a valid order) answers 500 `internal`. Either way the cause goes
-//!   to stderr, never to the client.
+//! A storage failure (a lost or terminated database connection, an aborted transaction, a
+//! statement the database refuses) answers 503 `storage_unavailable` with `Retry-After: 1`,
+//! on every route. On `POST /orders` the layer releases the 503 like any non-2xx answer: the
+//! transaction rolls back, neither the order nor an answer is stored, and a retry with the
+//! same `Idempotency-Key` executes afresh. A genuine bug (no transaction handle, a stored row
+//! that is not a valid order) answers 500 `internal`. Either way the cause goes to stderr,
+//! never to the client.
 //!
 //! - **Authentication**: `Authorization: Bearer <account>`, where the token *is* the account
 //!   id (a stand-in for real authentication): 1 to 64 visible ASCII characters (`!` to `~`),
@@ -226,7 +226,7 @@ async fn main() -> ExitCode {
     match serve().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // Never the URL or a secret: every startup error is written to be shown.
+            // Display, not Debug; no startup error repeats DATABASE_URL (it may hold a password).
             eprintln!("orders: {error}");
             ExitCode::FAILURE
         }
@@ -258,7 +258,9 @@ pub async fn open(
 ) -> Result<(Router, OrderBook), BoxError> {
     match database_url {
         None => open_sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE), cursors, clock).await,
-        Some(url) if url.starts_with("sqlite:") => open_sqlite(SqliteConnectOptions::from_str(url)?, cursors, clock).await,
+        Some(url) if url.starts_with("sqlite:") => {
+            open_sqlite(SqliteConnectOptions::from_str(url)?, cursors, clock).await
+        }
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             open_postgres(url, cursors, clock).await
         }

@@ -70,10 +70,41 @@
 //!   `idempotency_commit_uncertain`: the answer could not be stored, so it is not acknowledged.
 //! - A guarded request whose body cannot be read answers 400 `idempotency_body_unreadable`.
 //!
+//! ## Stores and coupling modes
+//!
+//! | store | feature | modes |
+//! |---|---|---|
+//! | [`MemoryStore`] | — | leased (in process: tests, single-process tools) |
+//! | `PostgresStore` | `postgres` | atomic (default) and leased |
+//! | `SqliteStore` | `sqlite` (default) | atomic (default) and leased |
+//!
+//! In **atomic** mode the claim, the handler's business writes and the stored response are one
+//! database transaction. The handler takes the transaction as a `TxHandle` (an axum extractor,
+//! or from the request's extensions) and writes through it; the layer stores the response in
+//! the same transaction and commits, and the response leaves only after COMMIT:
+//!
+//! ```ignore
+//! async fn create_order(tx: TxHandle<sqlx::Postgres>, ctx: IdempotencyContext, body: String) -> StatusCode {
+//!     let mut conn = tx.acquire().await.expect("open");
+//!     sqlx::query("INSERT INTO orders (id, operation_id, body) VALUES ($1, $2, $3)")
+//!         .bind(uuid::Uuid::new_v4()).bind(ctx.operation_id()).bind(body)
+//!         .execute(&mut *conn).await.expect("insert");
+//!     StatusCode::CREATED
+//! } // the handle is dropped here, before the layer commits
+//! ```
+//!
+//! In **leased** mode (for handlers that call the outside world) the claim commits first with a
+//! lease and a fencing token, and the outcome is written by a fenced update; a retry that finds
+//! a dead holder's lease marks the record `unknown` instead of running again, unless the route
+//! declares itself re-executable ([`StaleLeasePolicy::Reexecute`]).
+//!
 //! ## Feature flags
 //!
-//! - `axum`: extractors for [`IdempotencyContext`] and use of axum's `MatchedPath` as the operation.
-//! - `testkit`: the conformance suites in [`testkit`] for your own stores and services.
+//! - `axum` (default): extractors for [`IdempotencyContext`] and `TxHandle`, and axum's
+//!   `MatchedPath` as the operation.
+//! - `sqlite` (default): `SqliteStore`.
+//! - `postgres`: `PostgresStore`.
+//! - `testkit`: the conformance suites in `testkit` for your own stores and services.
 //! - `full`: all of the above.
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

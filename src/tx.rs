@@ -105,6 +105,7 @@ impl<DB: Database> TxHandle<DB> {
 /// statement of its own (so BEGIN and the claim travel in one round trip).
 pub(crate) enum OpenTx<DB: Database> {
     Transaction(Transaction<'static, DB>),
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Managed(ManagedTx<DB>),
 }
 
@@ -155,6 +156,7 @@ pub(crate) struct ManagedTx<DB: Database> {
 impl<DB: Database> ManagedTx<DB> {
     /// Begins with `statement` (which must start the transaction). On failure the connection
     /// comes back, possibly in a failed transaction block: the caller rolls it back.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) async fn begin(
         mut conn: PoolConnection<DB>,
         statement: sqlx::SqlStr,

@@ -17,8 +17,7 @@ use support::server::{Server, free_port, fresh_database, post_order};
 use tower_idempotency::{IdempotencyKey, RecordId, Scope};
 
 const CLIENTS: usize = 8;
-const KEYS_PER_CLIENT: usize = 40;
-const KILLS: usize = 25;
+const KILLS: usize = 30;
 const ACCOUNT: &str = "crash-account";
 
 /// What one client learned about one key.
@@ -26,6 +25,8 @@ const ACCOUNT: &str = "crash-account";
 struct Seen {
     /// The first 201 body the client received, if any.
     acknowledged: Option<Vec<u8>>,
+    /// Whether that 201 was a replay: the first attempt committed but its answer was lost.
+    acknowledged_by_replay: bool,
     attempts: usize,
 }
 
@@ -51,13 +52,17 @@ fn orders_survive_sigkill_at_random_moments() {
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicUsize::new(0));
 
-        // The clients: each walks its keys in order, retrying each until a 201 arrives.
+        // The clients: each walks through new keys until the killing stops, retrying each key
+        // until a 201 arrives.
         let mut clients = Vec::new();
         for client in 0..CLIENTS {
             let (stop, answered) = (stop.clone(), answered.clone());
             clients.push(tokio::spawn(async move {
                 let mut seen: HashMap<String, Seen> = HashMap::new();
-                for n in 0..KEYS_PER_CLIENT {
+                for n in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                     let key = format!("crash-{client}-{n}-{}", std::process::id());
                     let body = order_body(client, n);
                     let entry = seen.entry(key.clone()).or_default();
@@ -65,6 +70,7 @@ fn orders_survive_sigkill_at_random_moments() {
                         entry.attempts += 1;
                         match post_order(addr, ACCOUNT, &key, &body).await {
                             Ok(reply) if reply.status == 201 => {
+                                entry.acknowledged_by_replay = reply.header("idempotent-replayed") == Some("true");
                                 entry.acknowledged = Some(reply.body);
                                 answered.fetch_add(1, Ordering::Relaxed);
                                 break;
@@ -90,11 +96,11 @@ fn orders_survive_sigkill_at_random_moments() {
         // The killer: SIGKILL at random moments, restart at once on the same port.
         let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
         let mut kills = 0;
-        while kills < KILLS && answered.load(Ordering::Relaxed) < CLIENTS * KEYS_PER_CLIENT {
+        while kills < KILLS {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            tokio::time::sleep(Duration::from_millis(40 + rng % 260)).await;
+            tokio::time::sleep(Duration::from_millis(20 + rng % 180)).await;
             let old = server.lock().unwrap().take();
             if let Some(old) = old {
                 old.kill();
@@ -133,7 +139,13 @@ fn orders_survive_sigkill_at_random_moments() {
         }
         assert!(acknowledged > 0, "no request ever succeeded: the test proved nothing");
         let total_orders: i64 = orders.values().sum();
-        println!("crash: {kills} kills, {} keys, {acknowledged} acknowledged, {total_orders} orders", seen.len());
+        let retries: usize = seen.values().map(|s| s.attempts.saturating_sub(1)).sum();
+        let lost_answers = seen.values().filter(|s| s.acknowledged_by_replay).count();
+        println!(
+            "crash: {kills} kills, {} keys, {acknowledged} acknowledged ({lost_answers} only by a replay after the \
+             first answer was lost), {total_orders} orders, {retries} retries",
+            seen.len(),
+        );
         pool.close().await;
     });
 }

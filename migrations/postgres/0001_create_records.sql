@@ -72,3 +72,15 @@ BEGIN
     END IF;
 END
 $claim$;
+
+-- Atomic mode's outcome check, sent in one round trip with the INSERT that stores the outcome
+-- and the COMMIT: if the INSERT stored nothing (another request's record holds the identity),
+-- this raises SQLSTATE TI002 and the COMMIT after it never runs, so the business write rolls
+-- back with the claim.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_stored"(p_rows bigint) RETURNS void LANGUAGE plpgsql AS $stored$
+BEGIN
+    IF p_rows <> 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI002', MESSAGE = 'another record holds this identity; the outcome was not stored';
+    END IF;
+END
+$stored$;

@@ -50,6 +50,9 @@ const CLAIM_SAVEPOINT: &str = "tower_idempotency_claim";
 /// The SQLSTATE the `_claim` function raises when a live record is in the way.
 const RECORD_EXISTS: &str = "TI001";
 
+/// The SQLSTATE the `_stored` check raises when the outcome's INSERT stored nothing.
+const OUTCOME_NOT_STORED: &str = "TI002";
+
 /// A PostgreSQL-backed [`Store`].
 #[derive(Clone)]
 pub struct PostgresStore {
@@ -158,7 +161,11 @@ impl PostgresStore {
             let conn = self.pool.acquire().await.map_err(unavailable)?;
             let conn = match ManagedTx::begin(conn, begin.into_sql_str()).await {
                 Ok(tx) => {
-                    return Ok(Begin::Claimed(PgClaim::atomic(self, request, TxHandle::from_open(OpenTx::Managed(tx)))));
+                    return Ok(Begin::Claimed(PgClaim::atomic(
+                        self,
+                        request,
+                        TxHandle::from_open(OpenTx::Managed(tx)),
+                    )));
                 }
                 Err((error, conn)) => match sqlstate(&error).as_deref() {
                     Some(RECORD_EXISTS) => conn,
@@ -365,48 +372,51 @@ impl PgClaim {
             let _ = tx.rollback().await;
             return Err(FinishError::HandleStillHeld);
         }
-        let (state, response) = match outcome {
+        let (state, undo, response) = match outcome {
             Outcome::Release => {
                 // A failed rollback leaves the transaction to die with its connection: nothing
                 // of it is committed either way.
                 let _ = tx.rollback().await;
                 return Ok(());
             }
-            Outcome::Complete(response) => ("completed", response),
+            Outcome::Complete(response) => ("completed", String::new(), response),
+            // A stored failure keeps the claim but not the handler's writes.
             Outcome::StoreFailure(response) => {
-                let undo = AssertSqlSafe(format!("ROLLBACK TO SAVEPOINT {CLAIM_SAVEPOINT}"));
-                sqlx::raw_sql(undo).execute(&mut *tx).await.map_err(|e| FinishError::Store(unavailable(e)))?;
-                ("failed", response)
+                ("failed", format!("ROLLBACK TO SAVEPOINT {CLAIM_SAVEPOINT}; "), response)
             }
         };
-        // The record is written once, with its outcome: atomic mode never commits a
-        // `processing` row. The primary key decides here, whatever happened before.
-        let stored = sqlx::query(self.store.sql.store_outcome.clone())
-            .bind(self.id.digest().to_vec())
-            .bind(state)
-            .bind(i16::from(self.fingerprint.version()))
-            .bind(self.fingerprint.digest().to_vec())
-            .bind(response.status.as_u16() as i16)
-            .bind(response.encode_headers())
-            .bind(response.body.to_vec())
-            .bind(millis(self.retention.response))
-            .bind(millis(self.retention.tombstone))
-            .bind(self.reexecute)
-            .fetch_optional(&mut *tx)
-            .await;
-        match stored {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                // Another request's record won: this execution's writes roll back with it.
-                let _ = tx.rollback().await;
-                return Err(FinishError::LeaseLost);
-            }
+        // The record is written once, with its outcome (atomic mode never commits a
+        // `processing` row), and committed in the same round trip. The `_stored` check stops
+        // the COMMIT when the primary key found another record. The trailing BEGIN opens an
+        // empty transaction that matches sqlx's bookkeeping (it still counts one open); it is
+        // rolled back when the connection returns to the pool.
+        let statement = format!(
+            "{undo}WITH stored AS ({insert}) SELECT {check}((SELECT count(*) FROM stored)); COMMIT; BEGIN",
+            insert = self.store.sql.store_outcome_literal(
+                &self.id,
+                state,
+                &self.fingerprint,
+                &response,
+                self.retention,
+                self.reexecute
+            ),
+            check = self.store.sql.stored_check,
+        );
+        match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
+            Ok(_) => Ok(()),
             Err(error) => {
+                let lost = sqlstate(&error).as_deref() == Some(OUTCOME_NOT_STORED);
                 let _ = tx.rollback().await;
-                return Err(FinishError::Store(unavailable(error)));
+                if lost {
+                    // Another request's record won: this execution's writes rolled back.
+                    Err(FinishError::LeaseLost)
+                } else {
+                    // The INSERT failed (nothing committed) or the COMMIT did (its fate is
+                    // unknown): either way a retry with the same key is safe.
+                    Err(FinishError::CommitUncertain(Box::new(error)))
+                }
             }
         }
-        tx.commit().await.map_err(|e| FinishError::CommitUncertain(Box::new(e)))
     }
 
     async fn finish_leased(&self, outcome: Outcome) -> Result<(), FinishError> {
@@ -473,8 +483,13 @@ impl Drop for PgClaim {
 struct Statements {
     /// The read, for the simple-query protocol: `{id}` is replaced with a hex digest.
     read_template: String,
+    /// The `_stored` check function, qualified.
+    stored_check: String,
+    /// The records table, qualified.
+    outcome_target: String,
+    fencing_sequence: String,
+    pkey: String,
     claim: SqlStr,
-    store_outcome: SqlStr,
     read: SqlStr,
     mark_unknown: SqlStr,
     finish: SqlStr,
@@ -513,26 +528,10 @@ impl Statements {
                         AND r.fingerprint = EXCLUDED.fingerprint) \
                  RETURNING fencing_token"
             )),
-            // Atomic: stores the outcome and the record in one row, at the end of the claiming
-            // transaction. Takes over only what the claim function let through.
-            store_outcome: sql(format!(
-                "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                     response_status, response_headers, response_body, response_until, forget_at) \
-                 VALUES ($1, $2, $3, $4, nextval('\"{schema}\".\"{table}_fencing_seq\"'), $5, $6, $7, \
-                         clock_timestamp() + $8::float8 * interval '1 millisecond', \
-                         clock_timestamp() + ($8::float8 + $9::float8) * interval '1 millisecond') \
-                 ON CONFLICT ON CONSTRAINT \"{table}_pkey\" DO UPDATE SET \
-                     state = EXCLUDED.state, fingerprint_version = EXCLUDED.fingerprint_version, \
-                     fingerprint = EXCLUDED.fingerprint, fencing_token = EXCLUDED.fencing_token, \
-                     lease_until = NULL, response_status = EXCLUDED.response_status, \
-                     response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, \
-                     response_until = EXCLUDED.response_until, forget_at = EXCLUDED.forget_at, \
-                     created_at = clock_timestamp(), updated_at = clock_timestamp() \
-                 WHERE r.forget_at <= clock_timestamp() \
-                    OR ($10 AND r.state = 'processing' AND r.lease_until <= clock_timestamp() \
-                        AND r.fingerprint = EXCLUDED.fingerprint) \
-                 RETURNING fencing_token"
-            )),
+            stored_check: format!("\"{schema}\".\"{table}_stored\""),
+            outcome_target: t.clone(),
+            fencing_sequence: format!("\"{schema}\".\"{table}_fencing_seq\""),
+            pkey: format!("\"{table}_pkey\""),
             read: sql(format!("SELECT {columns} FROM {t} WHERE record_id = $1")),
             mark_unknown: sql(format!(
                 "UPDATE {t} SET state = 'unknown', updated_at = clock_timestamp() \
@@ -575,6 +574,53 @@ impl Statements {
     /// The read with the identity written in (it is our hex digest, never client text).
     fn read_literal(&self, id: &RecordId) -> String {
         self.read_template.replace("{id}", &id.to_hex())
+    }
+
+    /// Atomic: the INSERT that stores the outcome and the record in one row, at the end of the
+    /// claiming transaction, for the simple-query protocol. Every value is written in as hex or
+    /// a number we produced; none is client text. It takes over only what the claim function
+    /// let through (a forgotten record, or a dead lease on a re-executable route).
+    fn store_outcome_literal(
+        &self,
+        id: &RecordId,
+        state: &'static str,
+        fingerprint: &Fingerprint,
+        response: &StoredResponse,
+        retention: Retention,
+        reexecute: bool,
+    ) -> String {
+        let (t, keep, forget) = (
+            &self.outcome_target,
+            millis(retention.response),
+            millis(retention.response).saturating_add(millis(retention.tombstone)),
+        );
+        format!(
+            "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                 response_status, response_headers, response_body, response_until, forget_at) \
+             VALUES (decode('{id}', 'hex'), '{state}', {version}, decode('{fp}', 'hex'), nextval('{seq}'), {status}, \
+                     decode('{headers}', 'hex'), decode('{body}', 'hex'), \
+                     clock_timestamp() + interval '{keep} milliseconds', \
+                     clock_timestamp() + interval '{forget} milliseconds') \
+             ON CONFLICT ON CONSTRAINT {pkey} DO UPDATE SET \
+                 state = EXCLUDED.state, fingerprint_version = EXCLUDED.fingerprint_version, \
+                 fingerprint = EXCLUDED.fingerprint, fencing_token = EXCLUDED.fencing_token, \
+                 lease_until = NULL, response_status = EXCLUDED.response_status, \
+                 response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, \
+                 response_until = EXCLUDED.response_until, forget_at = EXCLUDED.forget_at, \
+                 created_at = clock_timestamp(), updated_at = clock_timestamp() \
+             WHERE r.forget_at <= clock_timestamp() \
+                OR ({reexecute} AND r.state = 'processing' AND r.lease_until <= clock_timestamp() \
+                    AND r.fingerprint = EXCLUDED.fingerprint) \
+             RETURNING 1",
+            id = id.to_hex(),
+            version = fingerprint.version(),
+            fp = fingerprint.to_hex(),
+            seq = self.fencing_sequence,
+            status = response.status.as_u16(),
+            headers = crate::hex::encode(&response.encode_headers()),
+            body = crate::hex::encode(&response.body),
+            pkey = self.pkey,
+        )
     }
 }
 

@@ -54,7 +54,12 @@ impl Server {
         let addr = line
             .trim()
             .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("the server did not start: {line:?}"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "the server did not start: {line:?} (if it says it lacks PostgreSQL support, the example was \
+                     last built with default features: run `cargo test --all-features`)"
+                )
+            })
             .parse()
             .expect("address");
         Server { child, addr }
