@@ -43,10 +43,6 @@ use crate::tx::{ManagedTx, OpenTx, TxHandle};
 
 const MIGRATION_0001: &str = include_str!("../../migrations/postgres/0001_create_records.sql");
 
-/// The savepoint taken right after the claim, so a stored failure can roll the handler's
-/// writes back and keep the claim.
-const CLAIM_SAVEPOINT: &str = "tower_idempotency_claim";
-
 /// The SQLSTATE the `_claim` function raises when a live record is in the way.
 const RECORD_EXISTS: &str = "TI001";
 
@@ -144,22 +140,12 @@ impl PostgresStore {
         }
         loop {
             // BEGIN, the bounded wait for a concurrent claimant and the check for a live record,
-            // in one round trip (see the `_claim` function in the migration). The values are
-            // ours (hex digests and integers), never the client's text. The check raises only
-            // when a record appeared since the read above: a concurrent duplicate.
-            let lock_ms = millis(deadline.saturating_duration_since(Instant::now())).clamp(1, i64::from(i32::MAX));
-            let begin = AssertSqlSafe(format!(
-                "BEGIN; SELECT \"{schema}\".\"{table}_claim\"(decode('{id}', 'hex'), {lock_key}, {lock_ms}, \
-                 decode('{fingerprint}', 'hex'), {reexecute}); SAVEPOINT {CLAIM_SAVEPOINT}",
-                schema = self.schema,
-                table = self.table,
-                id = request.id.to_hex(),
-                lock_key = lock_key(request.id),
-                fingerprint = request.fingerprint.to_hex(),
-                reexecute = request.stale_lease == StaleLeasePolicy::Reexecute,
-            ));
+            // in one round trip. The check raises only when a record appeared since the read
+            // above: a concurrent duplicate.
+            let lock_ms = millis(deadline.saturating_duration_since(Instant::now()));
+            let begin = self.sql.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms);
             let conn = self.pool.acquire().await.map_err(unavailable)?;
-            let conn = match ManagedTx::begin(conn, begin.into_sql_str()).await {
+            let conn = match ManagedTx::begin(conn, begin).await {
                 Ok(tx) => {
                     return Ok(Begin::Claimed(PgClaim::atomic(
                         self,
@@ -317,6 +303,8 @@ pub struct PgClaim {
     /// The leased claim's fencing token; atomic claims have none until they commit.
     token: Option<i64>,
     retention: Retention,
+    /// The bounded wait of the request, for a stored failure's fresh claim.
+    wait: Duration,
     handle: Option<TxHandle<Postgres>>,
     settled: bool,
 }
@@ -335,6 +323,7 @@ impl PgClaim {
             reexecute: request.stale_lease == StaleLeasePolicy::Reexecute,
             token,
             retention: request.retention,
+            wait: request.wait,
             handle,
             settled: false,
         }
@@ -372,17 +361,22 @@ impl PgClaim {
             let _ = tx.rollback().await;
             return Err(FinishError::HandleStillHeld);
         }
-        let (state, undo, response) = match outcome {
+        let (state, response) = match outcome {
             Outcome::Release => {
                 // A failed rollback leaves the transaction to die with its connection: nothing
                 // of it is committed either way.
                 let _ = tx.rollback().await;
                 return Ok(());
             }
-            Outcome::Complete(response) => ("completed", String::new(), response),
-            // A stored failure keeps the claim but not the handler's writes.
+            Outcome::Complete(response) => ("completed", response),
             Outcome::StoreFailure(response) => {
-                ("failed", format!("ROLLBACK TO SAVEPOINT {CLAIM_SAVEPOINT}; "), response)
+                // The handler's writes go; the failure is stored under a fresh claim. (A
+                // savepoint would keep the first claim, but costs a subtransaction on every
+                // request for the sake of this rare path.) A duplicate that claims in between
+                // wins, and this answer is not stored.
+                let _ = tx.rollback().await;
+                tx = self.reclaim().await?;
+                ("failed", response)
             }
         };
         // The record is written once, with its outcome (atomic mode never commits a
@@ -391,7 +385,7 @@ impl PgClaim {
         // empty transaction that matches sqlx's bookkeeping (it still counts one open); it is
         // rolled back when the connection returns to the pool.
         let statement = format!(
-            "{undo}WITH stored AS ({insert}) SELECT {check}((SELECT count(*) FROM stored)); COMMIT; BEGIN",
+            "WITH stored AS ({insert}) SELECT {check}((SELECT count(*) FROM stored)); COMMIT; BEGIN",
             insert = self.store.sql.store_outcome_literal(
                 &self.id,
                 state,
@@ -415,6 +409,22 @@ impl PgClaim {
                     // unknown): either way a retry with the same key is safe.
                     Err(FinishError::CommitUncertain(Box::new(error)))
                 }
+            }
+        }
+    }
+
+    /// Claims this identity again, in a new transaction, to store a failure.
+    async fn reclaim(&self) -> Result<OpenTx<Postgres>, FinishError> {
+        let store = &self.store;
+        let conn = store.pool.acquire().await.map_err(|e| FinishError::Store(unavailable(e)))?;
+        let policy = if self.reexecute { StaleLeasePolicy::Reexecute } else { StaleLeasePolicy::MarkUnknown };
+        let begin = store.sql.begin_claim(&self.id, &self.fingerprint, policy, millis(self.wait));
+        match ManagedTx::begin(conn, begin).await {
+            Ok(tx) => Ok(OpenTx::Managed(tx)),
+            Err((error, conn)) => {
+                let lost = matches!(sqlstate(&error).as_deref(), Some(RECORD_EXISTS | LOCK_NOT_AVAILABLE));
+                drop(rollback_and_read(conn, &store.sql.read_literal(&self.id)).await);
+                Err(if lost { FinishError::LeaseLost } else { FinishError::Store(unavailable(error)) })
             }
         }
     }
@@ -485,6 +495,8 @@ struct Statements {
     read_template: String,
     /// The `_stored` check function, qualified.
     stored_check: String,
+    /// The `_claim` function, qualified.
+    claim_function: String,
     /// The records table, qualified.
     outcome_target: String,
     fencing_sequence: String,
@@ -529,6 +541,7 @@ impl Statements {
                  RETURNING fencing_token"
             )),
             stored_check: format!("\"{schema}\".\"{table}_stored\""),
+            claim_function: format!("\"{schema}\".\"{table}_claim\""),
             outcome_target: t.clone(),
             fencing_sequence: format!("\"{schema}\".\"{table}_fencing_seq\""),
             pkey: format!("\"{table}_pkey\""),
@@ -571,6 +584,23 @@ impl Statements {
 }
 
 impl Statements {
+    /// Atomic: BEGIN and the `_claim` function (the bounded wait for a concurrent claimant and
+    /// the check for a live record), as one simple query. The values are ours (hex digests and
+    /// integers), never the client's text.
+    fn begin_claim(&self, id: &RecordId, fingerprint: &Fingerprint, policy: StaleLeasePolicy, lock_ms: i64) -> SqlStr {
+        AssertSqlSafe(format!(
+            "BEGIN; SELECT {function}(decode('{id}', 'hex'), {lock_key}, {lock_ms}, decode('{fingerprint}', 'hex'), {reexecute})",
+            function = self.claim_function,
+            id = id.to_hex(),
+            lock_key = lock_key(id),
+            // lock_timeout 0 would mean no bound at all.
+            lock_ms = lock_ms.clamp(1, i64::from(i32::MAX)),
+            fingerprint = fingerprint.to_hex(),
+            reexecute = policy == StaleLeasePolicy::Reexecute,
+        ))
+        .into_sql_str()
+    }
+
     /// The read with the identity written in (it is our hex digest, never client text).
     fn read_literal(&self, id: &RecordId) -> String {
         self.read_template.replace("{id}", &id.to_hex())
