@@ -168,11 +168,11 @@ fn validate_chars(key: &str) -> Result<(), KeyError> {
 /// assert_eq!(request.extensions().get::<Scope>().unwrap().as_str(), "account-7");
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Scope(String);
+pub struct Scope(std::sync::Arc<str>);
 
 impl Scope {
     /// A scope from the authenticated tenant or principal's identifier.
-    pub fn new(scope: impl Into<String>) -> Self {
+    pub fn new(scope: impl Into<std::sync::Arc<str>>) -> Self {
         Self(scope.into())
     }
 
@@ -202,8 +202,17 @@ impl fmt::Debug for Scope {
 /// assert_ne!(a, b);
 /// assert_eq!(a.to_hex().len(), 64);
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RecordId([u8; 32]);
+
+impl std::hash::Hash for RecordId {
+    /// The digest is already uniform: its first eight bytes identify it well enough for a
+    /// hash table (equality still compares all 32).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let (head, _) = self.0.split_first_chunk::<8>().expect("32 bytes");
+        state.write_u64(u64::from_le_bytes(*head));
+    }
+}
 
 impl RecordId {
     /// The identity of `key` for `operation` within `scope`.

@@ -33,8 +33,59 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct Shared {
-    records: Mutex<HashMap<RecordId, Entry>>,
+    records: Mutex<Records>,
     next_token: AtomicU64,
+}
+
+type Records = HashMap<RecordId, Entry, DigestHashing>;
+
+/// Hashes a [`RecordId`] by its first eight bytes, mixed with a per-process random seed.
+///
+/// The id is already a SHA-256 digest, so running SipHash over all 32 bytes buys nothing but
+/// time; the seed keeps clients who choose keys from steering identities into one bucket.
+#[derive(Clone)]
+struct DigestHashing {
+    seed: u64,
+}
+
+impl Default for DigestHashing {
+    fn default() -> Self {
+        // RandomState is seeded from the OS once per process; take 64 bits of it.
+        use std::hash::BuildHasher;
+        Self { seed: std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64) }
+    }
+}
+
+impl std::hash::BuildHasher for DigestHashing {
+    type Hasher = DigestHasher;
+
+    fn build_hasher(&self) -> DigestHasher {
+        DigestHasher { state: self.seed }
+    }
+}
+
+struct DigestHasher {
+    state: u64,
+}
+
+impl std::hash::Hasher for DigestHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only ever fed a RecordId's digest (see `impl Hash for RecordId`); fold anything else.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        let mixed = (self.state ^ word).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.state = mixed ^ (mixed >> 29);
+    }
+
+    fn finish(&self) -> u64 {
+        self.state
+    }
 }
 
 struct Entry {
@@ -90,7 +141,7 @@ impl MemoryStore {
         entry.age(Instant::now()).then_some(entry.record.state)
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<RecordId, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock cannot leave an entry half-written (every update is
         // a few field stores), so a poisoned lock is still safe to use.
         self.shared.records.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -128,11 +179,11 @@ impl Store for MemoryStore {
     type Claim = MemoryClaim;
 
     async fn begin(&self, request: BeginRequest<'_>) -> Result<Begin<MemoryClaim>, StoreError> {
-        let deadline = Instant::now() + request.wait;
+        let mut now = Instant::now();
+        let deadline = now + request.wait;
         loop {
             let (mut waiter, lease_until) = {
                 let mut records = self.lock();
-                let now = Instant::now();
                 let keep = records.get_mut(request.id).map(|entry| entry.age(now));
                 if keep == Some(false) {
                     records.remove(request.id);
@@ -170,6 +221,7 @@ impl Store for MemoryStore {
             };
             // Woken when the holder settles or gives up; else at the deadline or lease end.
             let _ = tokio::time::timeout_at(deadline.min(lease_until), waiter.changed()).await;
+            now = Instant::now();
         }
     }
 

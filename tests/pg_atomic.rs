@@ -1,0 +1,175 @@
+//! Atomic mode on the real PostgreSQL: the business write and the stored answer commit together
+//! or not at all, and the layer fails closed when it cannot be sure.
+#![cfg(all(feature = "axum", feature = "postgres"))]
+
+mod support;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use sqlx::Postgres;
+use tower::ServiceExt;
+use tower_idempotency::{CouplingMode, IdempotencyContext, IdempotencyLayer, OutcomeClass, PostgresStore, TxHandle};
+
+async fn store_with_orders() -> PostgresStore {
+    let store = support::pg_store(CouplingMode::Atomic).await;
+    sqlx::raw_sql("CREATE TABLE orders (operation_id text NOT NULL, note text NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("orders table");
+    store
+}
+
+async fn send(app: &Router, key: &str, note: &str) -> (StatusCode, String) {
+    let request = Request::post("/orders")
+        .header("idempotency-key", key)
+        .header("content-type", "text/plain")
+        .body(Body::from(note.to_owned()))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn orders(store: &PostgresStore) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(store.pool()).await.unwrap()
+}
+
+async fn records(store: &PostgresStore) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idempotency_records").fetch_one(store.pool()).await.unwrap()
+}
+
+async fn insert(tx: &TxHandle<Postgres>, context: &IdempotencyContext, note: &str) {
+    let mut conn = tx.acquire().await.expect("open transaction");
+    sqlx::query("INSERT INTO orders (operation_id, note) VALUES ($1, $2)")
+        .bind(context.operation_id())
+        .bind(note)
+        .execute(&mut *conn)
+        .await
+        .expect("insert");
+}
+
+fn app(store: &PostgresStore, handler: axum::routing::MethodRouter) -> Router {
+    Router::new().route("/orders", handler.layer(IdempotencyLayer::new(store.clone()).shared_scope("atomic")))
+}
+
+#[tokio::test]
+async fn handle_kept_past_the_response_rolls_back_and_answers_500() {
+    let store = store_with_orders().await;
+    let app = app(
+        &store,
+        post(|context: IdempotencyContext, tx: TxHandle<Postgres>, note: String| async move {
+            insert(&tx, &context, &note).await;
+            // The handle escapes into a task that outlives the response.
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                drop(tx);
+            });
+            StatusCode::CREATED
+        }),
+    );
+    let (status, body) = send(&app, "held", "a").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert!(body.contains("idempotency_handle_still_held"), "{body}");
+    assert_eq!((orders(&store).await, records(&store).await), (0, 0), "nothing may commit");
+}
+
+#[tokio::test]
+async fn commit_that_fails_answers_503_commit_uncertain_and_leaves_nothing() {
+    let store = store_with_orders().await;
+    // A deferred constraint trigger fails at COMMIT, after everything else succeeded.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN IF NEW.note = 'refuse' THEN RAISE EXCEPTION 'refused at commit'; END IF; RETURN NEW; END $$; \
+         CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON orders \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit();",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let app = app(
+        &store,
+        post(|context: IdempotencyContext, tx: TxHandle<Postgres>, note: String| async move {
+            insert(&tx, &context, &note).await;
+            StatusCode::CREATED
+        }),
+    );
+    let (status, body) = send(&app, "commit", "refuse").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("idempotency_commit_uncertain"), "{body}");
+    assert!(!body.contains("refused at commit"), "no database error text in the answer: {body}");
+    assert_eq!((orders(&store).await, records(&store).await), (0, 0));
+    // A retry with the same key is safe: nothing was committed, so it executes.
+    sqlx::raw_sql("DROP TRIGGER refuse_at_commit ON orders").execute(store.pool()).await.unwrap();
+    assert_eq!(send(&app, "commit", "refuse").await.0, StatusCode::CREATED);
+    assert_eq!((orders(&store).await, records(&store).await), (1, 1));
+}
+
+#[tokio::test]
+async fn stored_failure_rolls_back_the_business_write_and_replays_the_failure() {
+    let store = store_with_orders().await;
+    let app = app(
+        &store,
+        post(|context: IdempotencyContext, tx: TxHandle<Postgres>, note: String| async move {
+            insert(&tx, &context, &note).await;
+            drop(tx);
+            let mut response = axum::response::IntoResponse::into_response((StatusCode::PAYMENT_REQUIRED, "declined"));
+            response.extensions_mut().insert(OutcomeClass::StoreFailure);
+            response
+        }),
+    );
+    assert_eq!(send(&app, "declined", "x").await, (StatusCode::PAYMENT_REQUIRED, "declined".to_owned()));
+    assert_eq!(send(&app, "declined", "x").await, (StatusCode::PAYMENT_REQUIRED, "declined".to_owned()));
+    assert_eq!(orders(&store).await, 0, "a stored failure keeps no business write");
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM idempotency_records").fetch_one(store.pool()).await.unwrap();
+    assert_eq!(state, "failed");
+}
+
+#[tokio::test]
+async fn handlers_nested_transactions_are_savepoints_inside_the_claim() {
+    let store = store_with_orders().await;
+    let app = app(
+        &store,
+        post(|context: IdempotencyContext, tx: TxHandle<Postgres>, note: String| async move {
+            let mut conn = tx.acquire().await.unwrap();
+            {
+                // A repository that opens "its own" transaction gets a savepoint, not a COMMIT.
+                let mut nested = sqlx::Connection::begin(&mut *conn).await.unwrap();
+                sqlx::query("INSERT INTO orders (operation_id, note) VALUES ($1, $2)")
+                    .bind(context.operation_id())
+                    .bind(&note)
+                    .execute(&mut *nested)
+                    .await
+                    .unwrap();
+                nested.commit().await.unwrap();
+            }
+            drop(conn);
+            drop(tx);
+            StatusCode::INTERNAL_SERVER_ERROR // released: everything rolls back
+        }),
+    );
+    assert_eq!(send(&app, "nested", "n").await.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(orders(&store).await, 0, "the nested commit must not have committed the claim's transaction");
+}
+
+#[tokio::test]
+async fn handle_built_from_a_plain_transaction_for_unit_tests() {
+    let store = store_with_orders().await;
+    let handle = TxHandle::new(store.pool().begin().await.unwrap());
+    {
+        let mut conn = handle.acquire().await.unwrap();
+        sqlx::query("INSERT INTO orders (operation_id, note) VALUES ('unit', 'test')")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    handle.take().await.expect("the transaction").rollback().await.unwrap();
+    assert!(handle.acquire().await.is_err(), "a taken handle is finished");
+    assert_eq!(orders(&store).await, 0);
+}
