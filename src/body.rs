@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -30,7 +31,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { data: Option<Bytes> },
+        Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
     }
 }
 
@@ -42,8 +43,13 @@ impl<B> IdempotencyBody<B> {
 
     /// A body held in full.
     pub fn full(data: impl Into<Bytes>) -> Self {
+        Self::buffered(data, None)
+    }
+
+    /// A body held in full, followed by trailers (a buffered gRPC answer's `grpc-status`).
+    pub fn buffered(data: impl Into<Bytes>, trailers: Option<HeaderMap>) -> Self {
         let data = data.into();
-        Self { kind: Kind::Full { data: (!data.is_empty()).then_some(data) } }
+        Self { kind: Kind::Full { data: (!data.is_empty()).then_some(data), trailers } }
     }
 }
 
@@ -51,7 +57,9 @@ impl<B> std::fmt::Debug for IdempotencyBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
             Kind::Inner { .. } => f.write_str("IdempotencyBody::Inner"),
-            Kind::Full { data } => write!(f, "IdempotencyBody::Full({} bytes)", data.as_ref().map_or(0, Bytes::len)),
+            Kind::Full { data, .. } => {
+                write!(f, "IdempotencyBody::Full({} bytes)", data.as_ref().map_or(0, Bytes::len))
+            }
         }
     }
 }
@@ -67,21 +75,24 @@ where
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { data, trailers } => match data.take() {
+                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                None => Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t)))),
+            },
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full { data, .. } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }
 }

@@ -74,28 +74,42 @@ impl RecordState {
     }
 }
 
-/// A response as stored for replay: status, allow-listed headers and the exact body bytes.
+/// A response as stored for replay: status, allow-listed headers and trailers, and the exact
+/// body bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     /// The status code.
     pub status: StatusCode,
     /// The headers kept by the allow-list, in their original order.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub headers: Fields,
+    /// The trailers kept (gRPC's `grpc-status`, `grpc-message` and the like), in order.
+    pub trailers: Fields,
     /// The body, byte for byte.
     pub body: Bytes,
 }
 
+/// A list of header or trailer fields, in order.
+pub type Fields = Vec<(HeaderName, HeaderValue)>;
+
+/// The two sections of an encoded field list.
+const HEADER_SECTION: u8 = b'h';
+const TRAILER_SECTION: u8 = b't';
+
 impl StoredResponse {
-    /// A stored response with no headers.
+    /// A stored response with no headers or trailers.
     pub fn new(status: StatusCode, body: impl Into<Bytes>) -> Self {
-        Self { status, headers: Vec::new(), body: body.into() }
+        Self { status, headers: Vec::new(), trailers: Vec::new(), body: body.into() }
     }
 
-    /// The headers in the stores' binary form: for each header, the name's and the value's
-    /// lengths (u32, big-endian) followed by their bytes.
-    pub fn encode_headers(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.headers.iter().map(|(n, v)| 8 + n.as_str().len() + v.len()).sum());
-        for (name, value) in &self.headers {
+    /// The headers and trailers in the stores' binary form: for each field, its section (`h` or
+    /// `t`), then the name's and the value's lengths (u32, big-endian) each followed by its
+    /// bytes.
+    pub fn encode_fields(&self) -> Vec<u8> {
+        let fields =
+            self.headers.iter().map(|f| (HEADER_SECTION, f)).chain(self.trailers.iter().map(|f| (TRAILER_SECTION, f)));
+        let mut out = Vec::new();
+        for (section, (name, value)) in fields {
+            out.push(section);
             for part in [name.as_str().as_bytes(), value.as_bytes()] {
                 out.extend_from_slice(&(part.len() as u32).to_be_bytes());
                 out.extend_from_slice(part);
@@ -104,9 +118,9 @@ impl StoredResponse {
         out
     }
 
-    /// Reads headers written by [`encode_headers`](Self::encode_headers); `None` if the bytes
-    /// are not such an encoding.
-    pub fn decode_headers(mut bytes: &[u8]) -> Option<Vec<(HeaderName, HeaderValue)>> {
+    /// Reads fields written by [`encode_fields`](Self::encode_fields) into `(headers,
+    /// trailers)`; `None` if the bytes are not such an encoding.
+    pub fn decode_fields(mut bytes: &[u8]) -> Option<(Fields, Fields)> {
         fn part<'a>(bytes: &mut &'a [u8]) -> Option<&'a [u8]> {
             let (len, rest) = bytes.split_first_chunk::<4>()?;
             let len = u32::from_be_bytes(*len) as usize;
@@ -117,23 +131,37 @@ impl StoredResponse {
             *bytes = rest;
             Some(part)
         }
-        let mut headers = Vec::new();
-        while !bytes.is_empty() {
+        let (mut headers, mut trailers) = (Vec::new(), Vec::new());
+        while let Some((&section, rest)) = bytes.split_first() {
+            bytes = rest;
             let name = HeaderName::from_bytes(part(&mut bytes)?).ok()?;
             let value = HeaderValue::from_bytes(part(&mut bytes)?).ok()?;
-            headers.push((name, value));
+            match section {
+                HEADER_SECTION => headers.push((name, value)),
+                TRAILER_SECTION => trailers.push((name, value)),
+                _ => return None,
+            }
         }
-        Some(headers)
+        Some((headers, trailers))
     }
 
     /// The stored headers as a map.
     pub fn header_map(&self) -> HeaderMap {
-        let mut map = HeaderMap::with_capacity(self.headers.len());
-        for (name, value) in &self.headers {
-            map.append(name.clone(), value.clone());
-        }
-        map
+        to_map(&self.headers)
     }
+
+    /// The stored trailers as a map, if there are any.
+    pub fn trailer_map(&self) -> Option<HeaderMap> {
+        (!self.trailers.is_empty()).then(|| to_map(&self.trailers))
+    }
+}
+
+fn to_map(fields: &[(HeaderName, HeaderValue)]) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for (name, value) in fields {
+        map.append(name.clone(), value.clone());
+    }
+    map
 }
 
 /// What a store knows about an identity that is already claimed.
@@ -176,14 +204,17 @@ mod tests {
     }
 
     #[test]
-    fn headers_round_trip_through_the_binary_form() {
+    fn headers_and_trailers_round_trip_through_the_binary_form() {
         let mut response = super::StoredResponse::new(http::StatusCode::CREATED, "x");
         response.headers.push((http::header::LOCATION, http::HeaderValue::from_static("/a")));
         response.headers.push((http::header::LINK, http::HeaderValue::from_bytes(b"<\xff>").unwrap()));
-        let encoded = response.encode_headers();
-        assert_eq!(super::StoredResponse::decode_headers(&encoded), Some(response.headers));
-        assert_eq!(super::StoredResponse::decode_headers(&encoded[..encoded.len() - 1]), None);
-        assert_eq!(super::StoredResponse::decode_headers(&[]), Some(vec![]));
+        response.trailers.push((http::HeaderName::from_static("grpc-status"), http::HeaderValue::from_static("0")));
+        let encoded = response.encode_fields();
+        let decoded = super::StoredResponse::decode_fields(&encoded);
+        assert_eq!(decoded, Some((response.headers.clone(), response.trailers.clone())));
+        assert_eq!(super::StoredResponse::decode_fields(&encoded[..encoded.len() - 1]), None);
+        assert_eq!(super::StoredResponse::decode_fields(&[]), Some((vec![], vec![])));
+        assert_eq!(super::StoredResponse::decode_fields(b"x"), None);
     }
 
     #[test]

@@ -170,8 +170,11 @@ where
         }
         return Ok(Response::from_parts(response_parts, IdempotencyBody::inner(response_body)));
     }
-    let body = match Limited::new(response_body, config.max_response_body).collect().await {
-        Ok(collected) => collected.to_bytes(),
+    let (body, trailers) = match Limited::new(response_body, config.max_response_body).collect().await {
+        Ok(collected) => {
+            let trailers = collected.trailers().cloned();
+            (collected.to_bytes(), trailers)
+        }
         Err(error) => {
             let _ = claim.finish(Outcome::Release).await;
             let too_large = error.downcast_ref::<http_body_util::LengthLimitError>().is_some();
@@ -185,13 +188,13 @@ where
             });
         }
     };
-    let stored = stored_response(&config, &response_parts, body.clone());
+    let stored = stored_response(&config, &response_parts, body.clone(), trailers.as_ref());
     let outcome = match class {
         OutcomeClass::StoreFailure => Outcome::StoreFailure(stored),
         _ => Outcome::Complete(stored),
     };
     match claim.finish(outcome).await {
-        Ok(()) => Ok(Response::from_parts(response_parts, IdempotencyBody::full(body))),
+        Ok(()) => Ok(Response::from_parts(response_parts, IdempotencyBody::buffered(body, trailers))),
         Err(error) => refuse(finish_problem(&config, &id, &error)),
     }
 }
@@ -269,7 +272,8 @@ fn answer_existing<B>(
 
 /// The stored answer, with `Idempotent-Replayed: true`.
 fn replay<B>(stored: StoredResponse) -> Response<IdempotencyBody<B>> {
-    let mut response = Response::new(IdempotencyBody::full(stored.body));
+    let trailers = stored.trailer_map();
+    let mut response = Response::new(IdempotencyBody::buffered(stored.body, trailers));
     *response.status_mut() = stored.status;
     let headers = response.headers_mut();
     for (name, value) in stored.headers {
@@ -279,15 +283,27 @@ fn replay<B>(stored: StoredResponse) -> Response<IdempotencyBody<B>> {
     response
 }
 
-/// What is kept of a response: status, allow-listed headers, body.
-fn stored_response(config: &Config, parts: &http::response::Parts, body: Bytes) -> StoredResponse {
+/// What is kept of a response: status, allow-listed headers, trailers, body. Trailers are
+/// kept whole (gRPC's status and trailing metadata), less what is never stored.
+fn stored_response(
+    config: &Config,
+    parts: &http::response::Parts,
+    body: Bytes,
+    trailers: Option<&http::HeaderMap>,
+) -> StoredResponse {
     let headers = parts
         .headers
         .iter()
         .filter(|(name, _)| outcome::is_stored(name, &config.stored_headers))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
-    StoredResponse { status: parts.status, headers, body }
+    let trailers = trailers
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| !outcome::is_never_stored(name))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    StoredResponse { status: parts.status, headers, trailers, body }
 }
 
 fn store_unavailable(config: &Config, id: &RecordId, error: &StoreError) -> Problem {

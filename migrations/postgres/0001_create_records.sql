@@ -13,6 +13,7 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
     -- Atomic mode never commits a processing row, so it leaves this NULL.
     lease_until         timestamptz,
     response_status     smallint,
+    -- The stored headers and trailers, in StoredResponse::encode_fields form.
     response_headers    bytea,
     response_body       bytea,
     -- After response_until a completed or failed record answers idempotency_key_expired

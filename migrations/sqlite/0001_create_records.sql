@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS "{table}" (
     -- Atomic mode never commits a processing row, so it leaves this NULL.
     lease_until         INTEGER,
     response_status     INTEGER,
+    -- The stored headers and trailers, in StoredResponse::encode_fields form.
     response_headers    BLOB,
     response_body       BLOB,
     -- After response_until a completed or failed record answers idempotency_key_expired

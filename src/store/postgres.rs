@@ -348,7 +348,7 @@ impl PgClaim {
             .bind(self.token)
             .bind(state)
             .bind(response.status.as_u16() as i16)
-            .bind(response.encode_headers())
+            .bind(response.encode_fields())
             .bind(response.body.to_vec())
             .bind(millis(self.retention.response))
             .bind(millis(self.retention.tombstone))
@@ -647,7 +647,7 @@ impl Statements {
             fp = fingerprint.to_hex(),
             seq = self.fencing_sequence,
             status = response.status.as_u16(),
-            headers = crate::hex::encode(&response.encode_headers()),
+            headers = crate::hex::encode(&response.encode_fields()),
             body = crate::hex::encode(&response.body),
             pkey = self.pkey,
         )

@@ -89,10 +89,10 @@ impl RecordRow {
             .ok()
             .and_then(|s| StatusCode::from_u16(s).ok())
             .ok_or_else(|| corrupt("status is invalid"))?;
-        let headers = StoredResponse::decode_headers(self.response_headers.as_deref().unwrap_or_default())
+        let (headers, trailers) = StoredResponse::decode_fields(self.response_headers.as_deref().unwrap_or_default())
             .ok_or_else(|| corrupt("headers are unreadable"))?;
         let body = Bytes::from(self.response_body.clone().unwrap_or_default());
-        Ok(StoredResponse { status, headers, body })
+        Ok(StoredResponse { status, headers, trailers, body })
     }
 }
 

@@ -382,7 +382,7 @@ impl SqliteClaim {
             .bind(self.token)
             .bind(state)
             .bind(i64::from(response.status.as_u16()))
-            .bind(response.encode_headers())
+            .bind(response.encode_fields())
             .bind(response.body.to_vec())
             .bind(response_until)
             .bind(forget_at)
