@@ -13,6 +13,28 @@
 //! Uniqueness comes from the table's primary key on the scoped identity, at any isolation
 //! level; a conflict is read back in a new statement outside the claiming transaction.
 //!
+//! # How an atomic request travels
+//!
+//! 1. A plain read of the record, outside any transaction: a retry of a finished request is
+//!    answered from it, with no transaction and no lock (one round trip).
+//! 2. `BEGIN` and the migration's `<table>_claim` function in one round trip: a
+//!    transaction-scoped advisory lock on the identity, waited for at most the in-flight wait
+//!    (`lock_timeout`), then a check that no record appeared meanwhile. A concurrent duplicate
+//!    therefore waits for the first request's COMMIT or ROLLBACK, then sees its outcome.
+//! 3. The handler's own statements, on the transaction's connection ([`TxHandle`]).
+//! 4. The record, written once with its outcome, and `COMMIT`, in one round trip. Atomic mode
+//!    never commits a `processing` row. The primary key decides here: if another record holds
+//!    the identity, the COMMIT does not run and the business write rolls back.
+//!
+//! At READ COMMITTED (PostgreSQL's default) step 2 sees a record committed while it waited. At
+//! REPEATABLE READ or SERIALIZABLE its snapshot predates the wait, so a duplicate may run the
+//! handler after the first request committed; step 4 then rolls it back and answers 503
+//! `idempotency_commit_uncertain`, and its retry replays. Either way one execution commits.
+//!
+//! A stored failure (a business rejection the handler marks to be stored) rolls the
+//! transaction back and stores the answer under a fresh claim: a per-request savepoint would
+//! cost every request a subtransaction for the sake of this rarer path.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use tower_idempotency::{IdempotencyLayer, store::postgres::PostgresStore};
