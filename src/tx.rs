@@ -90,9 +90,20 @@ impl<DB: Database> TxHandle<DB> {
         }
     }
 
-    /// Whether anyone but the caller still holds this handle (a clone, or a lock guard).
-    pub(crate) fn is_shared(&self) -> bool {
-        Arc::strong_count(&self.slot) > 1
+    /// Takes the transaction to finish it, failing closed: if anyone but the store still holds
+    /// the handle (a clone kept past the response, or a lock guard), whoever holds it may still
+    /// mean to write, so the transaction is rolled back and nothing is stored.
+    pub(crate) async fn take_to_finish(&self) -> Result<OpenTx<DB>, crate::store::FinishError> {
+        let shared = Arc::strong_count(&self.slot) > 1;
+        let taken = self.slot.try_lock().ok().and_then(|mut slot| slot.take());
+        match taken {
+            Some(tx) if shared => {
+                tx.discard().await;
+                Err(crate::store::FinishError::HandleStillHeld)
+            }
+            Some(tx) => Ok(tx),
+            None => Err(crate::store::FinishError::HandleStillHeld),
+        }
     }
 
     /// Takes the transaction without waiting; `None` if it is locked or gone.
@@ -122,6 +133,12 @@ impl<DB: Database> OpenTx<DB> {
             OpenTx::Transaction(transaction) => transaction.rollback().await,
             OpenTx::Managed(managed) => managed.rollback().await,
         }
+    }
+
+    /// Rolls back, ignoring failure: a rollback that fails leaves the transaction to die with
+    /// its connection, so nothing of it is committed either way.
+    pub(crate) async fn discard(self) {
+        let _ = self.rollback().await;
     }
 }
 

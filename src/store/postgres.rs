@@ -377,17 +377,10 @@ impl PgClaim {
     }
 
     async fn finish_atomic(&self, handle: &TxHandle<Postgres>, outcome: Outcome) -> Result<(), FinishError> {
-        let shared = handle.is_shared();
-        let Some(mut tx) = handle.try_take() else { return Err(FinishError::HandleStillHeld) };
-        if shared {
-            let _ = tx.rollback().await;
-            return Err(FinishError::HandleStillHeld);
-        }
+        let mut tx = handle.take_to_finish().await?;
         let (state, response) = match outcome {
             Outcome::Release => {
-                // A failed rollback leaves the transaction to die with its connection: nothing
-                // of it is committed either way.
-                let _ = tx.rollback().await;
+                tx.discard().await;
                 return Ok(());
             }
             Outcome::Complete(response) => ("completed", response),
@@ -396,7 +389,7 @@ impl PgClaim {
                 // savepoint would keep the first claim, but costs a subtransaction on every
                 // request for the sake of this rare path.) A duplicate that claims in between
                 // wins, and this answer is not stored.
-                let _ = tx.rollback().await;
+                tx.discard().await;
                 tx = self.reclaim().await?;
                 ("failed", response)
             }
@@ -422,7 +415,7 @@ impl PgClaim {
             Ok(_) => Ok(()),
             Err(error) => {
                 let lost = sqlstate(&error).as_deref() == Some(OUTCOME_NOT_STORED);
-                let _ = tx.rollback().await;
+                tx.discard().await;
                 if lost {
                     // Another request's record won: this execution's writes rolled back.
                     Err(FinishError::LeaseLost)

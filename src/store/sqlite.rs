@@ -390,17 +390,10 @@ impl SqliteClaim {
     }
 
     async fn finish_atomic(&self, handle: &TxHandle<Sqlite>, outcome: Outcome) -> Result<(), FinishError> {
-        let shared = handle.is_shared();
-        let Some(mut tx) = handle.try_take() else { return Err(FinishError::HandleStillHeld) };
-        if shared {
-            let _ = tx.rollback().await;
-            return Err(FinishError::HandleStillHeld);
-        }
+        let mut tx = handle.take_to_finish().await?;
         let (state, response) = match outcome {
             Outcome::Release => {
-                // A failed rollback leaves the transaction to die with its connection: nothing
-                // of it is committed either way.
-                let _ = tx.rollback().await;
+                tx.discard().await;
                 return Ok(());
             }
             Outcome::Complete(response) => ("completed", response),
@@ -416,11 +409,11 @@ impl SqliteClaim {
         match updated {
             Ok(done) if done.rows_affected() == 1 => {}
             Ok(_) => {
-                let _ = tx.rollback().await;
+                tx.discard().await;
                 return Err(FinishError::LeaseLost);
             }
             Err(error) => {
-                drop(tx.rollback().await);
+                tx.discard().await;
                 return Err(FinishError::Store(unavailable(error)));
             }
         }
