@@ -40,11 +40,12 @@ pub struct TestApp {
     gate: Arc<GateInner>,
 }
 
-struct GateInner(Semaphore);
+/// The `/slow` gate: permits to pass, and how many requests have reached it.
+struct GateInner(Semaphore, AtomicUsize);
 
 impl Default for GateInner {
     fn default() -> Self {
-        Self(Semaphore::new(0))
+        Self(Semaphore::new(0), AtomicUsize::new(0))
     }
 }
 
@@ -69,6 +70,18 @@ impl TestApp {
         self.gate.0.add_permits(n);
     }
 
+    /// Waits (up to a minute) until `n` requests have reached the `/slow` gate: the handler is
+    /// running, so the request holds its claim.
+    pub async fn wait_at_gate(&self, n: usize) {
+        for _ in 0..6000 {
+            if self.gate.1.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{n} request(s) never reached the /slow handler");
+    }
+
     fn record(&self, path: &str) -> usize {
         self.total.fetch_add(1, Ordering::SeqCst);
         let mut executions = self.executions.lock().unwrap_or_else(|p| p.into_inner());
@@ -79,10 +92,11 @@ impl TestApp {
 
     async fn handle(self, request: Request<Full<Bytes>>) -> Response<Full<Bytes>> {
         let path = request.uri().path().to_owned();
-        if path == "/slow"
-            && let Ok(permit) = self.gate.0.acquire().await
-        {
-            permit.forget();
+        if path == "/slow" {
+            self.gate.1.fetch_add(1, Ordering::SeqCst);
+            if let Ok(permit) = self.gate.0.acquire().await {
+                permit.forget();
+            }
         }
         let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let execution = self.record(&path);
@@ -476,8 +490,8 @@ case! {
             let (client, call) = (client.clone(), call.clone());
             async move { client.send(&call).await }
         });
-        // Give the first request time to claim the key and reach the gate.
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The first request holds its claim once its handler is running.
+        app.wait_at_gate(1).await;
         let duplicate = client.send(&call).await;
         assert_problem(&duplicate, 409, "idempotency_request_in_flight");
         assert!(duplicate.headers.contains_key(header::RETRY_AFTER), "409 in flight needs Retry-After");
@@ -500,7 +514,7 @@ case! {
             let (client, call) = (client.clone(), call.clone());
             async move { client.send(&call).await }
         });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.wait_at_gate(1).await;
         let duplicate = tokio::spawn({
             let (client, call) = (client.clone(), call.clone());
             async move { client.send(&call).await }

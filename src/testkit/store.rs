@@ -223,16 +223,17 @@ pub async fn concurrent_begins_grant_exactly_one_claim<S: Store>(store: S) {
 pub async fn retention_keeps_a_tombstone_then_forgets<S: Store>(store: S) {
     let id = fresh_id("retention");
     let fp = fingerprint(12);
-    let retention = Retention { response: Duration::from_millis(300), tombstone: Duration::from_millis(600) };
+    // Wide margins between the phases, so a slow machine cannot blur them.
+    let retention = Retention { response: Duration::from_millis(1000), tombstone: Duration::from_millis(3000) };
     let request = || BeginRequest::new(&id, &fp).retention(retention);
     claim(&store, request()).await.finish(Outcome::Complete(answer("kept"))).await.expect("finish");
     assert_eq!(existing(&store, request()).await.state, RecordState::Completed);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     store.purge(1000).await.expect("purge");
     let tombstone = existing(&store, request()).await;
     assert_eq!(tombstone.state, RecordState::Expired);
     assert_eq!(tombstone.response, None, "an expired record keeps no response");
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     store.purge(1000).await.expect("purge");
     claim(&store, request()).await.finish(Outcome::Release).await.expect("finish");
 }
