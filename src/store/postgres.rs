@@ -203,6 +203,11 @@ impl PostgresStore {
 
     async fn begin_leased(&self, request: &BeginRequest<'_>) -> Result<Begin<PgClaim>, StoreError> {
         let deadline = Instant::now() + request.wait;
+        // As in atomic mode: a retry of a finished request costs one read and no write (the
+        // claim statement would lock the existing row even when it changes nothing).
+        if let Some(answer) = self.settle_existing(request, deadline).await? {
+            return Ok(answer);
+        }
         loop {
             match self.claim_statement(request).fetch_optional(&self.pool).await {
                 Ok(Some(row)) => {
