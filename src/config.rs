@@ -57,6 +57,12 @@ pub(crate) struct Config {
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) problem_type_base: Arc<str>,
     pub(crate) rollout: RolloutSwitch,
+    /// The gRPC method paths guarded (`/package.Service/Method`); other gRPC calls pass through.
+    #[cfg(feature = "tonic")]
+    pub(crate) grpc_methods: Vec<Arc<str>>,
+    /// The route's own rule for gRPC answers, keyed on the gRPC status code.
+    #[cfg(feature = "tonic")]
+    pub(crate) grpc_classifier: Option<crate::grpc::GrpcClassifier>,
 }
 
 impl Default for Config {
@@ -80,6 +86,10 @@ impl Default for Config {
             stored_headers: Vec::new(),
             problem_type_base: Arc::from("urn:tower-idempotency:problem:"),
             rollout: RolloutSwitch::default(),
+            #[cfg(feature = "tonic")]
+            grpc_methods: Vec::new(),
+            #[cfg(feature = "tonic")]
+            grpc_classifier: None,
         }
     }
 }

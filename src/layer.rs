@@ -88,7 +88,8 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// Names the operation explicitly (the route's stable identity across refactors).
+    /// Names the operation explicitly (the route's stable identity across refactors). HTTP
+    /// only: a gRPC method's operation is always its method path.
     pub fn operation(mut self, name: impl Into<Arc<str>>) -> Self {
         self.config.operation = Some(name.into());
         self
@@ -144,13 +145,16 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// The status for a key reused with a different request: 422 (default) or 409.
+    /// The status for a key reused with a different request: 422 (default) or 409. HTTP only:
+    /// gRPC answers `FAILED_PRECONDITION`.
     pub fn mismatch_status(mut self, status: StatusCode) -> Self {
         self.config.mismatch_status = status;
         self
     }
 
-    /// The route's own rule for classifying responses (a handler's marker still wins).
+    /// The route's own rule for classifying HTTP responses (a handler's marker still wins).
+    /// gRPC answers are judged by their `grpc-status`, never by this rule: see
+    /// `classify_grpc_with` (feature `tonic`).
     pub fn classify_with<F>(mut self, rule: F) -> Self
     where
         F: Fn(&http::response::Parts) -> OutcomeClass + Send + Sync + 'static,
@@ -177,6 +181,67 @@ impl<St: Store> IdempotencyLayer<St> {
     pub fn rollout(mut self, switch: RolloutSwitch) -> Self {
         self.config.rollout = switch;
         self
+    }
+
+    /// The gRPC methods this layer guards, by path: `/package.Service/Method` (a missing
+    /// leading `/` is added). Feature `tonic`.
+    ///
+    /// A request is gRPC when its content type is `application/grpc` (or `application/grpc+…`,
+    /// `application/grpc-…`); it is guarded only when its method is named here, and passes
+    /// through untouched otherwise, whatever [`methods`](Self::methods) says. Name unary
+    /// (or client-streaming) methods only: the layer buffers the whole request and the whole
+    /// answer, which a bidirectional stream cannot wait for. See [`grpc`](crate::grpc).
+    #[cfg(feature = "tonic")]
+    pub fn grpc_methods<I>(mut self, methods: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        for method in methods {
+            let method = method.as_ref();
+            let path = if method.starts_with('/') { Arc::from(method) } else { Arc::from(format!("/{method}")) };
+            self.config.grpc_methods.push(path);
+        }
+        self
+    }
+
+    /// The route's own rule for gRPC answers, keyed on the answer's `grpc-status` (a handler's
+    /// marker still wins). Feature `tonic`.
+    ///
+    /// The default completes `OK` and releases everything else. This rule, for example, stores
+    /// `FAILED_PRECONDITION` (a business rejection that a retry must get again):
+    ///
+    /// ```
+    /// use tonic::Code;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore, OutcomeClass};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .grpc_methods(["/payments.v1.Payments/Charge"])
+    ///     .classify_grpc_with(|code| match code {
+    ///         Code::Ok => OutcomeClass::Complete,
+    ///         Code::FailedPrecondition => OutcomeClass::StoreFailure,
+    ///         _ => OutcomeClass::Release,
+    ///     });
+    /// # drop(layer);
+    /// ```
+    #[cfg(feature = "tonic")]
+    pub fn classify_grpc_with<F>(mut self, rule: F) -> Self
+    where
+        F: Fn(tonic::Code) -> OutcomeClass + Send + Sync + 'static,
+    {
+        self.config.grpc_classifier = Some(Arc::new(rule));
+        self
+    }
+
+    /// This layer for a tonic server: `Server::builder().layer(layer.into_tonic())`. Feature
+    /// `tonic`.
+    ///
+    /// tonic hands its layers requests with its own body type, which the plain
+    /// [`IdempotencyService`] cannot rebuild after buffering it; [`TonicLayer`](crate::grpc::TonicLayer)
+    /// does. Everything else is this layer.
+    #[cfg(feature = "tonic")]
+    pub fn into_tonic(self) -> crate::grpc::TonicLayer<St> {
+        crate::grpc::TonicLayer::new(self)
     }
 }
 

@@ -104,21 +104,32 @@
 //!   `MatchedPath` as the operation.
 //! - `sqlite` (default): `SqliteStore`.
 //! - `postgres`: `PostgresStore`.
+//! - `redis`: `FastPath`, a Redis lock and replay cache in front of any store (one node or a cluster).
+//! - `tonic`: the same layer on a tonic server for the gRPC methods it names
+//!   (`grpc_methods`, `into_tonic`): key from `idempotency-key` metadata, success from
+//!   `grpc-status`, refusals as gRPC statuses. See `grpc`.
 //! - `testkit`: the conformance suites in `testkit` for your own stores and services.
 //! - `full`: all of the above.
+//! - `grpc-example`: not for library users; compiles the `.proto` files of this crate's own
+//!   gRPC example, tests and benchmark (with protox: no system `protoc`).
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 mod config;
 pub mod context;
+#[cfg(feature = "redis")]
+pub mod fast_path;
 pub mod fingerprint;
 mod future;
+#[cfg(feature = "tonic")]
+pub mod grpc;
 mod hex;
 pub mod key;
 mod layer;
 pub mod outcome;
 pub mod problem;
+mod protocol;
 pub mod record;
 mod service;
 pub mod store;
@@ -130,6 +141,8 @@ pub mod tx;
 pub use body::IdempotencyBody;
 pub use config::{RolloutMode, RolloutSwitch};
 pub use context::IdempotencyContext;
+#[cfg(feature = "redis")]
+pub use fast_path::FastPath;
 pub use fingerprint::{Fingerprint, FingerprintSpec};
 pub use future::ResponseFuture;
 pub use key::{IdempotencyKey, RecordId, Scope};

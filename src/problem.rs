@@ -1,5 +1,6 @@
 //! The layer's own answers: `application/problem+json` (RFC 9457) for HTTP, with a stable
-//! machine-readable `code` (CONTRACT §3).
+//! machine-readable `code` (CONTRACT §3), and the matching trailers-only status for gRPC
+//! ([`Problem::to_grpc`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -185,11 +186,65 @@ impl Problem {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(after) = self.retry_after {
-            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
         }
         response
     }
+
+    /// The gRPC answer: a trailers-only response (HTTP 200, `content-type: application/grpc`,
+    /// no body) whose headers carry `grpc-status` (the code's
+    /// [`grpc_code`](ProblemCode::grpc_code)), `grpc-message` (the detail, percent-encoded as
+    /// the gRPC protocol requires), the stable code as `idempotency-code` metadata, and
+    /// `retry-after` metadata (whole seconds) when set.
+    ///
+    /// ```
+    /// use tower_idempotency::problem::{Problem, ProblemCode};
+    ///
+    /// let response = Problem::new(ProblemCode::KeyReused, "key used with 100% different data").to_grpc();
+    /// assert_eq!(response.status(), 200);
+    /// assert_eq!(response.headers()["content-type"], "application/grpc");
+    /// assert_eq!(response.headers()["grpc-status"], "9"); // FAILED_PRECONDITION
+    /// assert_eq!(response.headers()["grpc-message"], "key%20used%20with%20100%25%20different%20data");
+    /// assert_eq!(response.headers()["idempotency-code"], "idempotency_key_reused");
+    /// assert!(response.body().is_empty());
+    /// ```
+    pub fn to_grpc(&self) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::new());
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert("grpc-status", HeaderValue::from(self.code.grpc_code()));
+        if let Ok(message) = HeaderValue::from_str(&grpc_percent_encode(&self.detail)) {
+            headers.insert("grpc-message", message);
+        }
+        headers.insert("idempotency-code", HeaderValue::from_static(self.code.code()));
+        if let Some(after) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+        }
+        response
+    }
+}
+
+/// Whole seconds, rounded up, at least 1.
+fn retry_after_secs(after: Duration) -> u64 {
+    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
+}
+
+/// Percent-encodes a `grpc-message` value as the gRPC protocol (PROTOCOL-HTTP2.md) asks: every
+/// UTF-8 byte outside `0x20..=0x7E`, and `%`, becomes `%XX`. Like tonic's encoder, this one also
+/// encodes the space and `` "#<>`?{} ``; any conforming decoder reads them back.
+pub(crate) fn grpc_percent_encode(text: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(text.len());
+    for &byte in text.as_bytes() {
+        if (0x21..=0x7E).contains(&byte) && !b"%\"#<>`?{}".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xF)]));
+        }
+    }
+    out
 }
 
 fn itoa_u16(n: u16) -> String {

@@ -1,5 +1,6 @@
 //! [`IdempotencyService`]: the whole path of a guarded request, top to bottom, in
-//! [`guard`]. Each step is a call into the module that owns it.
+//! [`guard`]. Each step is a call into the module that owns it; everything that depends on
+//! whether the request is HTTP or gRPC is a question to its [`Protocol`].
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,9 +17,10 @@ use crate::config::{Config, RolloutMode};
 use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
 use crate::future::ResponseFuture;
-use crate::key::{self, RecordId};
+use crate::key::RecordId;
 use crate::outcome::{self, OutcomeClass};
 use crate::problem::{Problem, ProblemCode};
+use crate::protocol::Protocol;
 use crate::record::{Record, RecordState, StoredResponse};
 use crate::store::{Begin, BeginRequest, Claim, FinishError, Outcome, Store, StoreError};
 
@@ -77,15 +79,51 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let guarded =
-            self.config.rollout.get() == RolloutMode::Enforce && self.config.methods.contains(request.method());
-        if !guarded {
+        self.call_with(request, ReqBody::from)
+    }
+}
+
+impl<S, St> IdempotencyService<S, St> {
+    /// The wrapped service's readiness (for [`TonicService`](crate::grpc::TonicService)).
+    #[cfg(feature = "tonic")]
+    pub(crate) fn poll_inner_ready<R>(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>>
+    where
+        S: Service<R>,
+    {
+        self.inner.poll_ready(cx)
+    }
+
+    /// The service's `call`, for any request body that `rebuild` can make again from the
+    /// buffered bytes (`From<Bytes>` for the plain service; tonic's body for
+    /// [`TonicService`](crate::grpc::TonicService)).
+    pub(crate) fn call_with<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        rebuild: fn(Bytes) -> ReqBody,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        St: Store,
+        ReqBody: Body + Send + 'static,
+        ReqBody::Data: Send,
+        ReqBody::Error: Into<BoxError>,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let protocol = match self.config.rollout.get() {
+            RolloutMode::Enforce => Protocol::of(&self.config, &request),
+            _ => None,
+        };
+        let Some(protocol) = protocol else {
             return ResponseFuture::passthrough(self.inner.call(request));
-        }
+        };
         // The service that was made ready goes into the future; a fresh clone stays behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::guarded(Box::pin(guard(inner, self.store.clone(), self.config.clone(), request)))
+        let guarded = guard(inner, self.store.clone(), self.config.clone(), protocol, request, rebuild);
+        ResponseFuture::guarded(Box::pin(guarded))
     }
 }
 
@@ -94,35 +132,35 @@ async fn guard<S, St, ReqBody, ResBody>(
     mut inner: S,
     store: St,
     config: Arc<Config>,
+    protocol: Protocol,
     request: Request<ReqBody>,
+    rebuild: fn(Bytes) -> ReqBody,
 ) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     St: Store,
-    ReqBody: Body + From<Bytes>,
+    ReqBody: Body,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Into<BoxError>,
 {
-    let refuse = |problem: Problem| Ok(problem_response(&config, problem));
+    let refuse = |problem: Problem| Ok(protocol.refuse(&config, problem));
 
     // 1. Key, scope and operation.
-    let key = match key::parse_key(request.headers(), &config.header) {
+    let key = match protocol.read_key(&config, request.headers()) {
         Ok(Some(key)) => key,
         Ok(None) if !config.key_required => {
             let response = inner.call(request).await?;
             return Ok(response.map(IdempotencyBody::inner));
         }
-        Ok(None) => {
-            return refuse(Problem::new(ProblemCode::KeyMissing, "this request requires an Idempotency-Key header"));
-        }
-        Err(error) => return refuse(Problem::new(ProblemCode::KeyInvalid, error.to_string())),
+        Ok(None) => return refuse(protocol.key_missing()),
+        Err(problem) => return refuse(problem),
     };
     let (mut parts, body) = request.into_parts();
     let Some(scope) = config.scope.scope(&parts) else {
         return refuse(Problem::new(ProblemCode::ScopeMissing, "the request has no authenticated scope"));
     };
-    let operation = operation_name(&config, &parts);
+    let operation = protocol.operation(&config, &parts);
     let id = RecordId::new(&scope, &operation, &key);
 
     // 2. Buffer the body within the limit, and fingerprint the request.
@@ -140,7 +178,7 @@ where
         .retention(config.retention);
     let claim = match store.begin(begin).await {
         Ok(Begin::Claimed(claim)) => claim,
-        Ok(Begin::Existing(record)) => return Ok(answer_existing(&config, &id, &fingerprint, record)),
+        Ok(Begin::Existing(record)) => return Ok(answer_existing(&config, &protocol, &id, &fingerprint, record)),
         Ok(Begin::InFlight { retry_after }) => {
             tracing::debug!(record = %id, "idempotency: duplicate still in flight after the bounded wait");
             return refuse(
@@ -159,15 +197,14 @@ where
     if let Some(handle) = claim.handle() {
         parts.extensions.insert(handle);
     }
-    let response = inner.call(Request::from_parts(parts, ReqBody::from(body))).await?;
+    let response = inner.call(Request::from_parts(parts, rebuild(body))).await?;
 
-    // 5. Classify the response, store it with the claim, and answer only once it is settled.
+    // 5. Classify the response (from its head, or else from its trailers once it is read),
+    //    store it with the claim, and answer only once it is settled.
     let (response_parts, response_body) = response.into_parts();
-    let class = outcome::classify(&response_parts, config.classifier.as_ref());
-    if class == OutcomeClass::Release {
-        if let Err(error) = claim.finish(Outcome::Release).await {
-            tracing::warn!(record = %id, %error, "idempotency: releasing the claim failed");
-        }
+    let head_class = protocol.classify_head(&config, &response_parts);
+    if head_class == Some(OutcomeClass::Release) {
+        release(claim, &id).await;
         return Ok(Response::from_parts(response_parts, IdempotencyBody::inner(response_body)));
     }
     let (body, trailers) = match Limited::new(response_body, config.max_response_body).collect().await {
@@ -176,7 +213,7 @@ where
             (collected.to_bytes(), trailers)
         }
         Err(error) => {
-            let _ = claim.finish(Outcome::Release).await;
+            release(claim, &id).await;
             let too_large = error.downcast_ref::<http_body_util::LengthLimitError>().is_some();
             return refuse(if too_large {
                 Problem::new(
@@ -188,7 +225,12 @@ where
             });
         }
     };
-    let stored = stored_response(&config, &response_parts, body.clone(), trailers.as_ref());
+    let class = head_class.unwrap_or_else(|| protocol.classify_trailers(&config, &response_parts, trailers.as_ref()));
+    if class == OutcomeClass::Release {
+        release(claim, &id).await;
+        return Ok(Response::from_parts(response_parts, IdempotencyBody::buffered(body, trailers)));
+    }
+    let stored = stored_response(&config, &protocol, &response_parts, body.clone(), trailers.as_ref());
     let outcome = match class {
         OutcomeClass::StoreFailure => Outcome::StoreFailure(stored),
         _ => Outcome::Complete(stored),
@@ -199,16 +241,11 @@ where
     }
 }
 
-/// The operation: the explicit name, else axum's matched route template, else the path.
-fn operation_name(config: &Config, parts: &http::request::Parts) -> Arc<str> {
-    if let Some(name) = &config.operation {
-        return name.clone();
+/// Gives the claim up: nothing is stored, and the next attempt executes afresh.
+async fn release<C: Claim>(claim: C, id: &RecordId) {
+    if let Err(error) = claim.finish(Outcome::Release).await {
+        tracing::warn!(record = %id, %error, "idempotency: releasing the claim failed");
     }
-    #[cfg(feature = "axum")]
-    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return Arc::from(format!("{} {}", parts.method, matched.as_str()));
-    }
-    Arc::from(format!("{} {}", parts.method, parts.uri.path()))
 }
 
 /// Buffers the request body, refusing before reading when `Content-Length` is over the limit
@@ -234,19 +271,20 @@ where
 /// Replays or refuses, given the record that is already there.
 fn answer_existing<B>(
     config: &Config,
+    protocol: &Protocol,
     id: &RecordId,
     fingerprint: &Fingerprint,
     record: Record,
 ) -> Response<IdempotencyBody<B>> {
     if record.state == RecordState::Expired {
-        return problem_response(
+        return protocol.refuse(
             config,
             Problem::new(ProblemCode::KeyExpired, "this key is past its retention; use a new key for a new request"),
         );
     }
     if record.fingerprint != *fingerprint {
         tracing::debug!(record = %id, "idempotency: key reused with a different request");
-        return problem_response(
+        return protocol.refuse(
             config,
             Problem::new(ProblemCode::KeyReused, "this key was used with a different request")
                 .status(config.mismatch_status),
@@ -254,7 +292,7 @@ fn answer_existing<B>(
     }
     match (record.state, record.response) {
         (RecordState::Completed | RecordState::Failed, Some(stored)) => replay(stored),
-        (RecordState::Unknown, _) => problem_response(
+        (RecordState::Unknown, _) => protocol.refuse(
             config,
             Problem::new(
                 ProblemCode::OutcomeUnknown,
@@ -262,7 +300,7 @@ fn answer_existing<B>(
             )
             .retry_after(config.retry_after),
         ),
-        _ => problem_response(
+        _ => protocol.refuse(
             config,
             Problem::new(ProblemCode::RequestInFlight, "a request with this key is still being processed; retry later")
                 .retry_after(config.retry_after),
@@ -283,10 +321,12 @@ fn replay<B>(stored: StoredResponse) -> Response<IdempotencyBody<B>> {
     response
 }
 
-/// What is kept of a response: status, allow-listed headers, trailers, body. Trailers are
-/// kept whole (gRPC's status and trailing metadata), less what is never stored.
+/// What is kept of a response: status, the headers the protocol keeps (the allow-list), trailers,
+/// body. Trailers are kept whole (gRPC's status and trailing metadata), less what is never
+/// stored.
 fn stored_response(
     config: &Config,
+    protocol: &Protocol,
     parts: &http::response::Parts,
     body: Bytes,
     trailers: Option<&http::HeaderMap>,
@@ -294,7 +334,7 @@ fn stored_response(
     let headers = parts
         .headers
         .iter()
-        .filter(|(name, _)| outcome::is_stored(name, &config.stored_headers))
+        .filter(|(name, _)| protocol.keeps_header(config, name))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     let trailers = trailers
@@ -325,8 +365,4 @@ fn finish_problem(config: &Config, id: &RecordId, error: &FinishError) -> Proble
         )
         .retry_after(config.retry_after),
     }
-}
-
-fn problem_response<B>(config: &Config, problem: Problem) -> Response<IdempotencyBody<B>> {
-    problem.to_http(&config.problem_type_base).map(IdempotencyBody::full)
 }

@@ -1,0 +1,260 @@
+//! A unary gRPC call (`proto/conformance.proto`, `Things/Create`, a handler that does no work)
+//! through a real tonic client and server on loopback, in one run:
+//!
+//! - `no layer`: the server without the idempotency layer;
+//! - `passthrough`: the layer, with the method not named (what unguarded methods pay);
+//! - `memory`: the layer over `MemoryStore`, every call a new key (the layer's own cost);
+//! - `memory replay`: the layer over `MemoryStore`, every call a retry of a completed key;
+//! - `pg atomic`: the layer over `PostgresStore` in atomic mode, every call a new key (the claim,
+//!   the stored answer and the COMMIT: the durable cost);
+//! - `pg replay`: the same store, every call a retry.
+//!
+//! Each scenario gets a warm-up, then `ROUNDS` windows of `WINDOW` with `CONCURRENCY` callers
+//! spread over `CONNECTIONS` HTTP/2 connections; the rounds take the scenarios in turn, so load
+//! from other work on a shared machine spreads over all of them. It prints throughput, p50 and
+//! p99 latency, and the ratio to `no layer`. Run with `cargo bench --bench grpc_unary --features grpc-example,postgres`
+//! (PostgreSQL must be running; `DATABASE_URL` overrides the server, default
+//! `postgres://postgres@127.0.0.1:5432/test`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Server};
+use tonic::{Request, Response, Status};
+use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore, Scope, Store};
+
+mod proto {
+    tonic::include_proto!("conformance.v1");
+}
+
+use proto::things_client::ThingsClient;
+use proto::things_server::{Things, ThingsServer};
+use proto::{CreateThing, Thing};
+
+const CONCURRENCY: usize = 16;
+const CONNECTIONS: usize = 4;
+const WARM_UP: Duration = Duration::from_secs(1);
+const WINDOW: Duration = Duration::from_secs(2);
+const ROUNDS: usize = 3;
+const METHOD: &str = "/conformance.v1.Things/Create";
+
+/// A handler that does no work: the call's cost is the transport's and the layer's.
+struct Echo;
+
+#[tonic::async_trait]
+impl Things for Echo {
+    async fn create(&self, request: Request<CreateThing>) -> Result<Response<Thing>, Status> {
+        let message = request.into_inner();
+        Ok(Response::new(Thing {
+            name: message.name,
+            amount: message.amount,
+            execution: 1,
+            operation_id: String::new(),
+        }))
+    }
+    async fn reject(&self, _: Request<CreateThing>) -> Result<Response<Thing>, Status> {
+        Err(Status::unimplemented("bench"))
+    }
+    async fn fail(&self, _: Request<CreateThing>) -> Result<Response<Thing>, Status> {
+        Err(Status::unimplemented("bench"))
+    }
+    async fn slow(&self, _: Request<CreateThing>) -> Result<Response<Thing>, Status> {
+        Err(Status::unimplemented("bench"))
+    }
+    async fn unguarded(&self, _: Request<CreateThing>) -> Result<Response<Thing>, Status> {
+        Err(Status::unimplemented("bench"))
+    }
+}
+
+fn authenticate(mut request: Request<()>) -> Result<Request<()>, Status> {
+    request.extensions_mut().insert(Scope::new("bench"));
+    Ok(request)
+}
+
+async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    (listener, addr)
+}
+
+/// The server without the idempotency layer (the same interceptor).
+async fn serve_bare() -> SocketAddr {
+    let (listener, addr) = listener().await;
+    let server = Server::builder()
+        .layer(tonic::service::InterceptorLayer::new(authenticate))
+        .add_service(ThingsServer::new(Echo))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    tokio::spawn(async move { server.await.expect("server") });
+    addr
+}
+
+/// The server with the idempotency layer over `store`, guarding `method`.
+async fn serve_with<St: Store>(store: St, method: &str) -> SocketAddr {
+    let (listener, addr) = listener().await;
+    let server = Server::builder()
+        .layer(tonic::service::InterceptorLayer::new(authenticate))
+        .layer(IdempotencyLayer::new(store).grpc_methods([method]).into_tonic())
+        .add_service(ThingsServer::new(Echo))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    tokio::spawn(async move { server.await.expect("server") });
+    addr
+}
+
+/// One scenario: its server, how it names keys, and what it measured so far.
+struct Scenario {
+    name: &'static str,
+    channels: Vec<Channel>,
+    key_of: fn(&'static str, u64) -> String,
+    counter: Arc<AtomicU64>,
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+}
+
+impl Scenario {
+    async fn new(name: &'static str, addr: SocketAddr, key_of: fn(&'static str, u64) -> String) -> Self {
+        let mut channels = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let channel = Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await;
+            channels.push(channel.expect("connect"));
+        }
+        let counter = Arc::new(AtomicU64::new(0));
+        Self { name, channels, key_of, counter, latencies: Vec::new(), elapsed: Duration::ZERO }
+    }
+
+    /// Calls for `window` with `CONCURRENCY` callers; keeps the latencies when `record`.
+    async fn run(&mut self, window: Duration, record: bool) {
+        let (name, key_of) = (self.name, self.key_of);
+        let started = Instant::now();
+        let latencies = {
+            let (channels, counter) = (self.channels.clone(), self.counter.clone());
+            let deadline = Instant::now() + window;
+            let mut workers = Vec::new();
+            for worker in 0..CONCURRENCY {
+                let mut client = ThingsClient::new(channels[worker % CONNECTIONS].clone());
+                let counter = counter.clone();
+                workers.push(tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    while Instant::now() < deadline {
+                        let key = key_of(name, counter.fetch_add(1, Ordering::Relaxed));
+                        let mut request = Request::new(CreateThing { name: "book-42".to_owned(), amount: 129_900 });
+                        request.metadata_mut().insert("idempotency-key", MetadataValue::try_from(key).expect("key"));
+                        let started = Instant::now();
+                        let answer = client.create(request).await;
+                        assert!(answer.is_ok(), "{name}: every call must succeed: {answer:?}");
+                        if record {
+                            latencies.push(started.elapsed());
+                        }
+                    }
+                    latencies
+                }));
+            }
+            let mut all = Vec::new();
+            for worker in workers {
+                all.extend(worker.await.expect("worker"));
+            }
+            all
+        };
+        if record {
+            self.elapsed += started.elapsed();
+            self.latencies.extend(latencies);
+        }
+    }
+
+    fn throughput(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn quantile(&mut self, q: f64) -> Duration {
+        self.latencies.sort_unstable();
+        self.latencies[((self.latencies.len() as f64 * q) as usize).min(self.latencies.len() - 1)]
+    }
+}
+
+/// A new key per call.
+fn unique(name: &'static str, n: u64) -> String {
+    format!("{}-{n}", name.replace(' ', "-"))
+}
+
+/// Retries of 1000 keys completed in the warm-up.
+fn retry(name: &'static str, n: u64) -> String {
+    format!("{}-{}", name.replace(' ', "-"), n % 1000)
+}
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A fresh database for the PostgreSQL scenarios; dropped at the end.
+async fn fresh_database() -> (PgPool, String) {
+    let base = database_url();
+    let name = format!("tidem_grpc_bench_{}", std::process::id());
+    let admin = PgPool::connect(&base).await.expect("PostgreSQL must be running");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.expect("create");
+    admin.close().await;
+    let url = format!("{}/{name}", &base[..base.rfind('/').expect("a database URL with a path")]);
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(32).connect(&url).await.expect("connect");
+    (pool, name)
+}
+
+async fn drop_database(name: &str) {
+    let admin = PgPool::connect(&database_url()).await.expect("PostgreSQL");
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+        .execute(&admin)
+        .await
+        .expect("drop the bench database");
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let bare = serve_bare().await;
+        let passthrough = serve_with(MemoryStore::new(), "/conformance.v1.Things/Unguarded").await;
+        let memory = serve_with(MemoryStore::new(), METHOD).await;
+        let (pool, database) = fresh_database().await;
+        let store = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
+        store.migrate().await.expect("migrate");
+        let pg = serve_with(store, METHOD).await;
+
+        let mut scenarios = vec![
+            Scenario::new("no layer", bare, unique).await,
+            Scenario::new("passthrough", passthrough, unique).await,
+            Scenario::new("memory", memory, unique).await,
+            Scenario::new("memory replay", memory, retry).await,
+            Scenario::new("pg atomic", pg, unique).await,
+            Scenario::new("pg replay", pg, retry).await,
+        ];
+        for scenario in &mut scenarios {
+            scenario.run(WARM_UP, false).await;
+        }
+        for _ in 0..ROUNDS {
+            for scenario in &mut scenarios {
+                scenario.run(WINDOW, true).await;
+            }
+        }
+
+        println!(
+            "\nunary gRPC call, {CONCURRENCY} concurrent callers on {CONNECTIONS} HTTP/2 connections, \
+             {ROUNDS} x {WINDOW:?} each"
+        );
+        println!(
+            "{:<14} {:>9} {:>10} {:>10} {:>10} {:>12}",
+            "scenario", "calls", "calls/s", "p50", "p99", "vs no layer"
+        );
+        let base = scenarios[0].throughput();
+        for s in &mut scenarios {
+            let (p50, p99) = (s.quantile(0.50), s.quantile(0.99));
+            let (calls, throughput) = (s.latencies.len(), s.throughput());
+            println!(
+                "{:<14} {calls:>9} {throughput:>10.0} {p50:>10.2?} {p99:>10.2?} {:>11.2}x",
+                s.name,
+                throughput / base
+            );
+        }
+        pool.close().await;
+        drop_database(&database).await;
+    });
+}
