@@ -8,11 +8,11 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
 use tower_service::Service;
 
 use crate::BoxError;
 use crate::body::IdempotencyBody;
+use crate::buffer::{self, ReadError};
 use crate::config::{Config, RolloutMode};
 use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
@@ -207,15 +207,11 @@ where
         release(claim, &id).await;
         return Ok(Response::from_parts(response_parts, IdempotencyBody::inner(response_body)));
     }
-    let (body, trailers) = match Limited::new(response_body, config.max_response_body).collect().await {
-        Ok(collected) => {
-            let trailers = collected.trailers().cloned();
-            (collected.to_bytes(), trailers)
-        }
+    let (body, trailers) = match buffer::read_to_end(response_body, config.max_response_body).await {
+        Ok(read) => read,
         Err(error) => {
             release(claim, &id).await;
-            let too_large = error.downcast_ref::<http_body_util::LengthLimitError>().is_some();
-            return refuse(if too_large {
+            return refuse(if error == ReadError::TooLarge {
                 Problem::new(
                     ProblemCode::ResponseTooLarge,
                     "the response was too large to store; nothing was committed",
@@ -261,10 +257,10 @@ where
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(too_large());
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
-        Err(_) => Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read")),
+    match buffer::read_to_end(body, limit).await {
+        Ok((bytes, _trailers)) => Ok(bytes),
+        Err(ReadError::TooLarge) => Err(too_large()),
+        Err(ReadError::Failed) => Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read")),
     }
 }
 
