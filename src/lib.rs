@@ -116,6 +116,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
+mod buffer;
 mod config;
 pub mod context;
 #[cfg(feature = "redis")]
