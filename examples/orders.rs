@@ -72,6 +72,10 @@
 //! - `ORDERS_ADDR`: the address to bind (default `127.0.0.1:3000`; port `0` picks a free one).
 //! - `ORDERS_CURSOR_SECRET`: the key that signs pagination cursors, at least 16 bytes. Unset:
 //!   a random key per process (cursors then stop working after a restart).
+//! - `REDIS_URL` (`redis://127.0.0.1:6379/`, in a build with the `redis` feature): puts the
+//!   Redis fast path in front of the idempotency store: replays answered from Redis, concurrent
+//!   duplicates kept off the database. Redis is never what keeps the promise; while it is down
+//!   the service runs on its database alone.
 //!
 //! Create an order:
 //!
@@ -283,7 +287,7 @@ async fn open_sqlite(
     store.migrate().await?;
     let orders = OrderBook::Sqlite(pool);
     orders.create_table().await?;
-    Ok((app(AppState { orders: orders.clone(), cursors, clock }, store), orders))
+    Ok((with_fast_path(AppState { orders: orders.clone(), cursors, clock }, store).await?, orders))
 }
 
 /// PostgreSQL: the existing database `url` names.
@@ -297,7 +301,7 @@ async fn open_postgres(url: &str, cursors: CursorCodec, clock: Clock) -> Result<
     let orders = OrderBook::Postgres(pool);
     orders.create_table().await?;
     eprintln!("orders: storage is PostgreSQL");
-    Ok((app(AppState { orders: orders.clone(), cursors, clock }, store), orders))
+    Ok((with_fast_path(AppState { orders: orders.clone(), cursors, clock }, store).await?, orders))
 }
 
 /// PostgreSQL in a build without the `postgres` feature: refuse to start, and say how to fix it.
@@ -317,6 +321,19 @@ pub async fn connect_sqlite(options: SqliteConnectOptions) -> Result<SqlitePool,
         // sqlx's default, said out loud: a COMMIT is on disk before the answer leaves.
         .synchronous(SqliteSynchronous::Full);
     SqlitePoolOptions::new().max_connections(8).connect_with(options).await
+}
+
+/// The service over `store`, behind the Redis fast path (a lock and replay cache in front of
+/// the store) when `REDIS_URL` is set and the build has the `redis` feature.
+async fn with_fast_path<St: Store>(state: AppState, store: St) -> Result<Router, BoxError> {
+    #[cfg(feature = "redis")]
+    if let Some(url) = std::env::var("REDIS_URL").ok().filter(|url| !url.is_empty()) {
+        // Lazy: the service starts, on its database alone, even while Redis is down.
+        let fast = tower_idempotency::FastPath::connect(store, &url).await?;
+        eprintln!("orders: Redis fast path on");
+        return Ok(app(state, fast));
+    }
+    Ok(app(state, store))
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM.

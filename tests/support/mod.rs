@@ -96,3 +96,6 @@ pub async fn sqlite_store(mode: tower_idempotency::CouplingMode) -> tower_idempo
     store.migrate().await.expect("migrate");
     store
 }
+
+#[cfg(feature = "redis")]
+pub mod redis;

@@ -1,0 +1,354 @@
+//! The Redis fast path under concurrent load, in one run, through real sockets: `POST /orders`
+//! guarded by the layer in atomic mode on PostgreSQL, with and without [`FastPath`] in front of
+//! the store.
+//!
+//! - `first/pg`, `first/fast`: first executions (every request a new key), without and with the
+//!   fast path. The fast path's cost: one script call before the claim, one after the commit.
+//!   The two are measured in turns (pg, fast, fast, pg) so that a drift of the machine or the
+//!   table's growth weighs on both alike.
+//! - `replay/pg`, `replay/fast`: every request a retry of a completed key, answered from
+//!   PostgreSQL (the store's read-first lookup) or from Redis.
+//!
+//! Each scenario gets a warm-up, then a fixed measuring window with `CONCURRENCY` keep-alive
+//! clients. It prints throughput, p50 and p99 latency, and the ratios the project tracks.
+//! Run with `cargo bench --bench redis_fast_path --all-features`. PostgreSQL must be running
+//! (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`); Redis is a
+//! `redis-server` the benchmark starts on a free loopback port, or `REDIS_URL` if set.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use sqlx::{PgPool, Postgres};
+use tower_idempotency::{FastPath, IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, Store, TxHandle};
+
+const CONCURRENCY: usize = 32;
+const WARM_UP: Duration = Duration::from_secs(1);
+const MEASURE: Duration = Duration::from_secs(3);
+/// First executions: pairs of short runs, without and with the fast path, in alternating order,
+/// so that the machine's noise (other builds, other tests) weighs on both alike.
+const ROUNDS: usize = 6;
+const ROUND_WARM_UP: Duration = Duration::from_millis(300);
+const ROUND_MEASURE: Duration = Duration::from_millis(1500);
+const POOL: u32 = 40;
+/// Completed keys the replay scenarios retry.
+const REPLAYED_KEYS: u64 = 1000;
+
+const BODY: &str = "{\"sku\":\"book-42\",\"quantity\":1,\"amount_minor\":129900,\"currency\":\"EUR\"}";
+
+/// Writes the order through the claim's transaction.
+async fn create_order(
+    context: IdempotencyContext,
+    tx: TxHandle<Postgres>,
+    body: String,
+) -> (StatusCode, [(&'static str, String); 2], String) {
+    let order_id = uuid::Uuid::new_v4();
+    {
+        let mut conn = tx.acquire().await.expect("claim transaction");
+        sqlx::query("INSERT INTO bench_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
+            .bind(order_id.to_string())
+            .bind(context.operation_id())
+            .bind(&body)
+            .execute(&mut *conn)
+            .await
+            .expect("insert");
+    }
+    let json = format!("{{\"order_id\":\"{order_id}\",\"body\":{body}}}");
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json".to_owned()), ("location", format!("/orders/{order_id}"))],
+        json,
+    )
+}
+
+async fn authenticate(mut request: Request<Body>, next: axum::middleware::Next) -> axum::response::Response {
+    request.extensions_mut().insert(Scope::new("bench-account"));
+    next.run(request).await
+}
+
+fn router<St: Store>(store: St) -> Router {
+    let route = post(create_order).layer(IdempotencyLayer::new(store));
+    Router::new().route("/orders", route).layer(axum::middleware::from_fn(authenticate))
+}
+
+async fn serve(app: Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+struct Measured {
+    name: &'static str,
+    requests: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    /// CPU time spent during the measuring window: this process, PostgreSQL, Redis.
+    cpu: [Duration; 3],
+}
+
+impl Measured {
+    fn throughput(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn at(&self, q: f64) -> Duration {
+        self.latencies[((self.latencies.len() as f64 * q) as usize).min(self.latencies.len() - 1)]
+    }
+
+    /// Two measurements of the same scenario as one.
+    fn merge(mut self, other: Measured) -> Measured {
+        self.requests += other.requests;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+        self.latencies.sort();
+        for (mine, theirs) in self.cpu.iter_mut().zip(other.cpu) {
+            *mine += theirs;
+        }
+        self
+    }
+
+    /// CPU time per request, in microseconds: this process, PostgreSQL, Redis.
+    fn cpu_per_request(&self) -> [f64; 3] {
+        self.cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / self.requests as f64)
+    }
+}
+
+/// CPU time used so far by this process, by every PostgreSQL process and by Redis (when it is
+/// ours), from `/proc` (zero where it cannot be read).
+fn cpu_times(redis_pid: Option<u32>) -> [Duration; 3] {
+    fn ticks(stat: &str) -> Option<u64> {
+        // The fields after the command name (which may hold spaces), closed by ')'.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    }
+    let read = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    let tick = Duration::from_secs(1) / 100;
+    let own = read("self").as_deref().and_then(ticks).unwrap_or(0);
+    let mut postgres = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if let Some(stat) = read(&pid).filter(|stat| stat.contains("(postgres)")) {
+            postgres += ticks(&stat).unwrap_or(0);
+        }
+    }
+    let redis = redis_pid.and_then(|pid| read(&pid.to_string())).as_deref().and_then(ticks).unwrap_or(0);
+    [own, postgres, redis].map(|t| tick * t as u32)
+}
+
+/// Drives `addr` with `CONCURRENCY` clients; `key_of(n)` names the key of request `n`.
+async fn load(
+    name: &'static str,
+    addr: std::net::SocketAddr,
+    counter: Arc<AtomicU64>,
+    key_of: Arc<dyn Fn(u64) -> String + Send + Sync>,
+    redis_pid: Option<u32>,
+    (warm_up, measure): (Duration, Duration),
+) -> Measured {
+    let client: Client<_, String> = Client::builder(TokioExecutor::new()).build_http();
+    let run = |window: Duration, record: bool| {
+        let (client, counter, key_of) = (client.clone(), counter.clone(), key_of.clone());
+        async move {
+            let deadline = Instant::now() + window;
+            let mut workers = Vec::new();
+            for _ in 0..CONCURRENCY {
+                let (client, counter, key_of) = (client.clone(), counter.clone(), key_of.clone());
+                workers.push(tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    while Instant::now() < deadline {
+                        let key = key_of(counter.fetch_add(1, Ordering::Relaxed));
+                        let request = Request::post(format!("http://{addr}/orders"))
+                            .header("idempotency-key", key)
+                            .header("content-type", "application/json")
+                            .body(BODY.to_owned())
+                            .unwrap();
+                        let started = Instant::now();
+                        let response = client.request(request).await.expect("request");
+                        let status = response.status();
+                        response.into_body().collect().await.expect("body");
+                        assert_eq!(status, StatusCode::CREATED, "{name}: every request must succeed");
+                        if record {
+                            latencies.push(started.elapsed());
+                        }
+                    }
+                    latencies
+                }));
+            }
+            let mut all = Vec::new();
+            for worker in workers {
+                all.extend(worker.await.unwrap());
+            }
+            all
+        }
+    };
+    run(warm_up, false).await;
+    let (started, cpu_before) = (Instant::now(), cpu_times(redis_pid));
+    let mut latencies = run(measure, true).await;
+    let (elapsed, cpu_after) = (started.elapsed(), cpu_times(redis_pid));
+    latencies.sort();
+    let cpu = [0, 1, 2].map(|i| cpu_after[i].saturating_sub(cpu_before[i]));
+    Measured { name, requests: latencies.len(), elapsed, latencies, cpu }
+}
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+async fn fresh_pool() -> (PgPool, String) {
+    let base = database_url();
+    let name = format!("tidem_rbench_{}", std::process::id());
+    let admin = PgPool::connect(&base).await.expect("PostgreSQL must be running");
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\""))).execute(&admin).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.unwrap();
+    admin.close().await;
+    let url = format!("{}/{name}", &base[..base.rfind('/').unwrap()]);
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(POOL).connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE bench_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL, \
+         created_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    (pool, name)
+}
+
+/// `REDIS_URL`, or a `redis-server` of our own on a free loopback port (killed at the end).
+fn redis() -> (String, Option<Child>) {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        return (url, None);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no", "--loglevel", "warning", "--dir", &std::env::temp_dir().display().to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start redis-server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (format!("redis://127.0.0.1:{port}/"), Some(child))
+}
+
+fn main() {
+    let (redis_url, mut redis_server) = redis();
+    let redis_pid = redis_server.as_ref().map(Child::id);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let (pool, database) = fresh_pool().await;
+        let store = PostgresStore::new(pool.clone());
+        store.migrate().await.unwrap();
+        let prefix = format!("tidem_bench_{}", std::process::id());
+        let fast = FastPath::connect(store.clone(), &redis_url).await.unwrap().prefix(&prefix).unwrap();
+
+        let plain = serve(router(store.clone())).await;
+        let with_fast = serve(router(fast.clone())).await;
+        let (pg_keys, fast_keys) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let unique = |prefix: &'static str| -> Arc<dyn Fn(u64) -> String + Send + Sync> {
+            Arc::new(move |n| format!("{prefix}-{n}"))
+        };
+        let replay = |prefix: &'static str| -> Arc<dyn Fn(u64) -> String + Send + Sync> {
+            Arc::new(move |n| format!("{prefix}-{}", n % REPLAYED_KEYS))
+        };
+
+        // First executions, in pairs of short runs: pg then fast, fast then pg, ...
+        let round = (ROUND_WARM_UP, ROUND_MEASURE);
+        let (mut first_pg, mut first_fast, mut ratios) = (None::<Measured>, None::<Measured>, Vec::new());
+        for n in 0..ROUNDS {
+            let first = |fast: bool| {
+                let (name, addr, keys, prefix) = match fast {
+                    false => ("first/pg", plain, pg_keys.clone(), "pg"),
+                    true => ("first/fast", with_fast, fast_keys.clone(), "fast"),
+                };
+                load(name, addr, keys, unique(prefix), redis_pid, round)
+            };
+            let (pg, fast) = if n % 2 == 0 {
+                let pg = first(false).await;
+                (pg, first(true).await)
+            } else {
+                let fast = first(true).await;
+                (first(false).await, fast)
+            };
+            ratios.push(fast.throughput() / pg.throughput());
+            first_pg = Some(match first_pg.take() {
+                Some(all) => all.merge(pg),
+                None => pg,
+            });
+            first_fast = Some(match first_fast.take() {
+                Some(all) => all.merge(fast),
+                None => fast,
+            });
+        }
+        let (first_pg, first_fast) = (first_pg.expect("rounds"), first_fast.expect("rounds"));
+        ratios.sort_by(f64::total_cmp);
+        let misses_before = fast.stats().misses;
+        // Replays of keys the first scenarios completed (the fast path's are in Redis).
+        let replay_pg =
+            load("replay/pg", plain, Arc::new(AtomicU64::new(0)), replay("pg"), redis_pid, (WARM_UP, MEASURE)).await;
+        let replay_fast =
+            load("replay/fast", with_fast, Arc::new(AtomicU64::new(0)), replay("fast"), redis_pid, (WARM_UP, MEASURE))
+                .await;
+        let stats = fast.stats();
+
+        println!(
+            "\nPOST /orders, atomic PostgreSQL, {CONCURRENCY} concurrent keep-alive clients; first executions: \
+             {ROUNDS} alternating runs of {ROUND_MEASURE:?} each; replays: {MEASURE:?}"
+        );
+        println!(
+            "{:<12} {:>10} {:>12} {:>10} {:>10}   CPU µs/request: bench process + PostgreSQL + Redis",
+            "scenario", "requests", "req/s", "p50", "p99"
+        );
+        let results = [&first_pg, &first_fast, &replay_pg, &replay_fast];
+        for m in results {
+            let [own, postgres, redis] = m.cpu_per_request();
+            println!(
+                "{:<12} {:>10} {:>12.0} {:>10.2?} {:>10.2?}   {own:.0} + {postgres:.0} + {redis:.0} = {:.0}",
+                m.name,
+                m.requests,
+                m.throughput(),
+                m.at(0.50),
+                m.at(0.99),
+                own + postgres + redis
+            );
+        }
+        println!(
+            "replay/fast / replay/pg : {:.2}x throughput, p50 {:.2}x faster (aim >= 2x)",
+            replay_fast.throughput() / replay_pg.throughput(),
+            replay_pg.at(0.50).as_secs_f64() / replay_fast.at(0.50).as_secs_f64()
+        );
+        println!(
+            "first/fast / first/pg   : {:.2}x throughput (median of the {ROUNDS} pairs {:.2}x, range {:.2}x..{:.2}x), \
+             {:+.1}% p50 (aim: the fast path costs < 10%, >= 0.90x)",
+            first_fast.throughput() / first_pg.throughput(),
+            (ratios[(ROUNDS - 1) / 2] + ratios[ROUNDS / 2]) / 2.0,
+            ratios[0],
+            ratios[ROUNDS - 1],
+            (first_fast.at(0.50).as_secs_f64() / first_pg.at(0.50).as_secs_f64() - 1.0) * 100.0
+        );
+        println!(
+            "fast path: replays that missed Redis: {} (warm-up included); {stats:?}",
+            stats.misses - misses_before
+        );
+
+        pool.close().await;
+        let admin = PgPool::connect(&database_url()).await.unwrap();
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)")))
+            .execute(&admin)
+            .await;
+    });
+    if let Some(server) = redis_server.as_mut() {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+}
