@@ -45,7 +45,7 @@ async fn storm_at(level: &str) {
     .execute(&admin)
     .await
     .unwrap();
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(40).connect_with(options).await.unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(24).connect_with(options).await.unwrap();
     let store = PostgresStore::new(pool).schema(&schema).unwrap();
     store.migrate().await.unwrap();
     let app = Router::new().route("/o", post(create).layer(IdempotencyLayer::new(store.clone()).shared_scope("iso")));

@@ -33,7 +33,7 @@ const BASELINE_KEYS: usize = 24;
 const DUPLICATES: usize = 64;
 const KEYS_AT_ONCE: usize = 4;
 /// Room for every request of a batch: the pool is not what bounds the baseline's peak.
-const POOL: u32 = 96;
+const POOL: u32 = 64;
 
 async fn create_order(context: IdempotencyContext, tx: TxHandle<Postgres>, body: String) -> (StatusCode, String) {
     let order_id = uuid::Uuid::new_v4();

@@ -50,7 +50,8 @@ fn tracing_level() -> tracing::log::LevelFilter {
 #[cfg(feature = "postgres")]
 pub async fn pg_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
     let schema = unique_name("tidem");
-    let pool = pg_pool(&schema, 48).await;
+    // Two tests run at once, and the server allows 100 connections in all.
+    let pool = pg_pool(&schema, 24).await;
     let store = tower_idempotency::PostgresStore::new(pool).schema(&schema).expect("schema name").mode(mode);
     store.migrate().await.expect("migrate");
     store
