@@ -74,14 +74,46 @@ BEGIN
 END
 $claim$;
 
--- Atomic mode's outcome check, sent in one round trip with the INSERT that stores the outcome
--- and the COMMIT: if the INSERT stored nothing (another request's record holds the identity),
--- this raises SQLSTATE TI002 and the COMMIT after it never runs, so the business write rolls
--- back with the claim.
-CREATE OR REPLACE FUNCTION "{schema}"."{table}_stored"(p_rows bigint) RETURNS void LANGUAGE plpgsql AS $stored$
+-- Atomic mode's outcome: the record, written once with the answer, at the end of the claiming
+-- transaction (atomic mode never commits a processing row). Sent in one round trip with the
+-- COMMIT. It takes over only what the claim function let through (a forgotten record, or a dead
+-- lease on a re-executable route); if another record holds the identity it raises SQLSTATE
+-- TI002, so the COMMIT after it never runs and the business write rolls back with the claim.
+-- A function, so that PostgreSQL plans the INSERT once per session instead of per request.
+CREATE OR REPLACE FUNCTION "{schema}"."{table}_store"(
+    p_record_id bytea,
+    p_state text,
+    p_fingerprint_version smallint,
+    p_fingerprint bytea,
+    p_status smallint,
+    p_fields bytea,
+    p_body bytea,
+    p_keep_ms bigint,
+    p_forget_ms bigint,
+    p_reexecute boolean
+) RETURNS void LANGUAGE plpgsql AS $store$
+DECLARE
+    v_stored integer;
 BEGIN
-    IF p_rows <> 1 THEN
+    INSERT INTO "{schema}"."{table}" AS r (record_id, state, fingerprint_version, fingerprint, fencing_token,
+        response_status, response_headers, response_body, response_until, forget_at)
+    VALUES (p_record_id, p_state, p_fingerprint_version, p_fingerprint,
+        nextval('"{schema}"."{table}_fencing_seq"'), p_status, p_fields, p_body,
+        clock_timestamp() + p_keep_ms * interval '1 millisecond',
+        clock_timestamp() + p_forget_ms * interval '1 millisecond')
+    ON CONFLICT ON CONSTRAINT "{table}_pkey" DO UPDATE SET
+        state = EXCLUDED.state, fingerprint_version = EXCLUDED.fingerprint_version,
+        fingerprint = EXCLUDED.fingerprint, fencing_token = EXCLUDED.fencing_token,
+        lease_until = NULL, response_status = EXCLUDED.response_status,
+        response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body,
+        response_until = EXCLUDED.response_until, forget_at = EXCLUDED.forget_at,
+        created_at = clock_timestamp(), updated_at = clock_timestamp()
+    WHERE r.forget_at <= clock_timestamp()
+       OR (p_reexecute AND r.state = 'processing' AND r.lease_until <= clock_timestamp()
+           AND r.fingerprint = EXCLUDED.fingerprint);
+    GET DIAGNOSTICS v_stored = ROW_COUNT;
+    IF v_stored <> 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'TI002', MESSAGE = 'another record holds this identity; the outcome was not stored';
     END IF;
 END
-$stored$;
+$store$;

@@ -68,7 +68,7 @@ const MIGRATION_0001: &str = include_str!("../../migrations/postgres/0001_create
 /// The SQLSTATE the `_claim` function raises when a live record is in the way.
 const RECORD_EXISTS: &str = "TI001";
 
-/// The SQLSTATE the `_stored` check raises when the outcome's INSERT stored nothing.
+/// The SQLSTATE the `_store` function raises when another record holds the identity.
 const OUTCOME_NOT_STORED: &str = "TI002";
 
 /// A PostgreSQL-backed [`Store`].
@@ -400,13 +400,13 @@ impl PgClaim {
             }
         };
         // The record is written once, with its outcome (atomic mode never commits a
-        // `processing` row), and committed in the same round trip. The `_stored` check stops
+        // `processing` row), and committed in the same round trip. The `_store` function stops
         // the COMMIT when the primary key found another record. The trailing BEGIN opens an
         // empty transaction that matches sqlx's bookkeeping (it still counts one open); it is
         // rolled back when the connection returns to the pool.
         let statement = format!(
-            "WITH stored AS ({insert}) SELECT {check}((SELECT count(*) FROM stored)); COMMIT; BEGIN",
-            insert = self.store.sql.store_outcome_literal(
+            "{store}; COMMIT; BEGIN",
+            store = self.store.sql.store_outcome_call(
                 &self.id,
                 state,
                 &self.fingerprint,
@@ -414,7 +414,6 @@ impl PgClaim {
                 self.retention,
                 self.reexecute
             ),
-            check = self.store.sql.stored_check,
         );
         match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
             Ok(_) => Ok(()),
@@ -513,14 +512,10 @@ impl Drop for PgClaim {
 struct Statements {
     /// The read, for the simple-query protocol: `{id}` is replaced with a hex digest.
     read_template: String,
-    /// The `_stored` check function, qualified.
-    stored_check: String,
+    /// The `_store` function, qualified.
+    store_function: String,
     /// The `_claim` function, qualified.
     claim_function: String,
-    /// The records table, qualified.
-    outcome_target: String,
-    fencing_sequence: String,
-    pkey: String,
     claim: SqlStr,
     read: SqlStr,
     mark_unknown: SqlStr,
@@ -560,11 +555,8 @@ impl Statements {
                         AND r.fingerprint = EXCLUDED.fingerprint) \
                  RETURNING fencing_token"
             )),
-            stored_check: format!("\"{schema}\".\"{table}_stored\""),
+            store_function: format!("\"{schema}\".\"{table}_store\""),
             claim_function: format!("\"{schema}\".\"{table}_claim\""),
-            outcome_target: t.clone(),
-            fencing_sequence: format!("\"{schema}\".\"{table}_fencing_seq\""),
-            pkey: format!("\"{table}_pkey\""),
             read: sql(format!("SELECT {columns} FROM {t} WHERE record_id = $1")),
             mark_unknown: sql(format!(
                 "UPDATE {t} SET state = 'unknown', updated_at = clock_timestamp() \
@@ -626,11 +618,10 @@ impl Statements {
         self.read_template.replace("{id}", &id.to_hex())
     }
 
-    /// Atomic: the INSERT that stores the outcome and the record in one row, at the end of the
-    /// claiming transaction, for the simple-query protocol. Every value is written in as hex or
-    /// a number we produced; none is client text. It takes over only what the claim function
-    /// let through (a forgotten record, or a dead lease on a re-executable route).
-    fn store_outcome_literal(
+    /// Atomic: the call that stores the outcome and the record in one row (the migration's
+    /// `<table>_store` function), for the simple-query protocol. Every value is written in as
+    /// hex or a number we produced; none is client text.
+    fn store_outcome_call(
         &self,
         id: &RecordId,
         state: &'static str,
@@ -639,37 +630,18 @@ impl Statements {
         retention: Retention,
         reexecute: bool,
     ) -> String {
-        let (t, keep, forget) = (
-            &self.outcome_target,
-            millis(retention.response),
-            millis(retention.response).saturating_add(millis(retention.tombstone)),
-        );
+        let keep = millis(retention.response);
         format!(
-            "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                 response_status, response_headers, response_body, response_until, forget_at) \
-             VALUES (decode('{id}', 'hex'), '{state}', {version}, decode('{fp}', 'hex'), nextval('{seq}'), {status}, \
-                     decode('{headers}', 'hex'), decode('{body}', 'hex'), \
-                     clock_timestamp() + interval '{keep} milliseconds', \
-                     clock_timestamp() + interval '{forget} milliseconds') \
-             ON CONFLICT ON CONSTRAINT {pkey} DO UPDATE SET \
-                 state = EXCLUDED.state, fingerprint_version = EXCLUDED.fingerprint_version, \
-                 fingerprint = EXCLUDED.fingerprint, fencing_token = EXCLUDED.fencing_token, \
-                 lease_until = NULL, response_status = EXCLUDED.response_status, \
-                 response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, \
-                 response_until = EXCLUDED.response_until, forget_at = EXCLUDED.forget_at, \
-                 created_at = clock_timestamp(), updated_at = clock_timestamp() \
-             WHERE r.forget_at <= clock_timestamp() \
-                OR ({reexecute} AND r.state = 'processing' AND r.lease_until <= clock_timestamp() \
-                    AND r.fingerprint = EXCLUDED.fingerprint) \
-             RETURNING 1",
+            "SELECT {function}(decode('{id}', 'hex'), '{state}', {version}::smallint, decode('{fp}', 'hex'), \
+                 {status}::smallint, decode('{fields}', 'hex'), decode('{body}', 'hex'), {keep}, {forget}, {reexecute})",
+            function = self.store_function,
             id = id.to_hex(),
             version = fingerprint.version(),
             fp = fingerprint.to_hex(),
-            seq = self.fencing_sequence,
             status = response.status.as_u16(),
-            headers = crate::hex::encode(&response.encode_fields()),
+            fields = crate::hex::encode(&response.encode_fields()),
             body = crate::hex::encode(&response.body),
-            pkey = self.pkey,
+            forget = keep.saturating_add(millis(retention.tombstone)),
         )
     }
 }
