@@ -54,7 +54,7 @@ use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr, SqlStr};
 use tokio::time::Instant;
 
-use super::sql::{Found, RecordRow, check_identifier, millis};
+use super::sql::{self, RecordAccess, RecordRow, check_identifier, millis};
 use super::{
     Begin, BeginRequest, Claim, CouplingMode, FinishError, Outcome, Retention, StaleLeasePolicy, Store, StoreError,
 };
@@ -157,7 +157,7 @@ impl PostgresStore {
         let deadline = Instant::now() + request.wait;
         // Retries of finished requests are the common case worth making cheap: one plain read,
         // no transaction, no lock. A miss costs one round trip before the claim.
-        if let Some(answer) = self.settle_existing(request, deadline).await? {
+        if let Some(answer) = sql::settle(self, request, deadline, None).await? {
             return Ok(answer);
         }
         loop {
@@ -193,7 +193,7 @@ impl PostgresStore {
             // whatever the isolation level.
             let row = rollback_and_read(conn, &self.sql.read_literal(request.id)).await?;
             if let Some(row) = row {
-                match self.act_on(request, deadline, row).await? {
+                match sql::settle(self, request, deadline, Some(row)).await? {
                     Some(answer) => return Ok(answer),
                     None => continue,
                 }
@@ -205,7 +205,7 @@ impl PostgresStore {
         let deadline = Instant::now() + request.wait;
         // As in atomic mode: a retry of a finished request costs one read and no write (the
         // claim statement would lock the existing row even when it changes nothing).
-        if let Some(answer) = self.settle_existing(request, deadline).await? {
+        if let Some(answer) = sql::settle(self, request, deadline, None).await? {
             return Ok(answer);
         }
         loop {
@@ -218,71 +218,8 @@ impl PostgresStore {
                 Err(error) if is_retryable(&error) && Instant::now() < deadline => continue,
                 Err(error) => return Err(unavailable(error)),
             }
-            if let Some(answer) = self.settle_existing(request, deadline).await? {
+            if let Some(answer) = sql::settle(self, request, deadline, None).await? {
                 return Ok(answer);
-            }
-        }
-    }
-
-    /// Reads the record in the way of a claim and decides. `None`: try to claim again.
-    async fn settle_existing(
-        &self,
-        request: &BeginRequest<'_>,
-        deadline: Instant,
-    ) -> Result<Option<Begin<PgClaim>>, StoreError> {
-        let row = sqlx::query(self.sql.read.clone())
-            .bind(request.id.digest().as_slice())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(unavailable)?;
-        match row {
-            Some(row) => self.act_on(request, deadline, record_row(&row)?).await,
-            None => Ok(None),
-        }
-    }
-
-    /// Decides what a record found in the way means. `None`: try to claim again. Waits
-    /// (polling, bounded by `deadline`) while a leased holder is alive.
-    async fn act_on(
-        &self,
-        request: &BeginRequest<'_>,
-        deadline: Instant,
-        mut row: RecordRow,
-    ) -> Result<Option<Begin<PgClaim>>, StoreError> {
-        let mut backoff = Duration::from_millis(10);
-        loop {
-            match row.decide(request.fingerprint, request.stale_lease)? {
-                Found::Forgotten => return Ok(None),
-                Found::Record(record) => return Ok(Some(Begin::Existing(record))),
-                Found::StaleLease { token, record } => {
-                    let marked = sqlx::query(self.sql.mark_unknown.clone())
-                        .bind(request.id.digest().as_slice())
-                        .bind(token)
-                        .execute(&self.pool)
-                        .await
-                        .map_err(unavailable)?;
-                    if marked.rows_affected() == 1 {
-                        return Ok(Some(Begin::Existing(record)));
-                    }
-                }
-                Found::Live { lease_left } => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(Some(Begin::InFlight { retry_after: lease_left.min(request.lease) }));
-                    }
-                    // A leased holder is alive: look again soon, never past the deadline.
-                    tokio::time::sleep(backoff.min(lease_left).min(deadline - now)).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(200));
-                }
-            }
-            let fresh = sqlx::query(self.sql.read.clone())
-                .bind(request.id.digest().as_slice())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(unavailable)?;
-            match fresh {
-                Some(fresh) => row = record_row(&fresh)?,
-                None => return Ok(None),
             }
         }
     }
@@ -297,6 +234,27 @@ impl PostgresStore {
             .bind(request.fingerprint.digest().to_vec())
             .bind(millis(request.lease))
             .bind(request.stale_lease == StaleLeasePolicy::Reexecute)
+    }
+}
+
+impl RecordAccess for PostgresStore {
+    async fn read(&self, id: &RecordId) -> Result<Option<RecordRow>, StoreError> {
+        let row = sqlx::query(self.sql.read.clone())
+            .bind(id.digest().as_slice())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        row.as_ref().map(record_row).transpose()
+    }
+
+    async fn mark_unknown(&self, id: &RecordId, token: i64) -> Result<bool, StoreError> {
+        let marked = sqlx::query(self.sql.mark_unknown.clone())
+            .bind(id.digest().as_slice())
+            .bind(token)
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(marked.rows_affected() == 1)
     }
 }
 

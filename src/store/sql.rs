@@ -5,8 +5,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 
-use super::{StaleLeasePolicy, StoreError};
+use std::future::Future;
+
+use tokio::time::Instant;
+
+use super::{Begin, BeginRequest, StaleLeasePolicy, StoreError};
 use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
 use crate::record::{Record, RecordState, StoredResponse};
 
 /// A record row as read back, with the time comparisons done by the database.
@@ -112,4 +117,57 @@ pub(crate) fn check_identifier(name: &str) -> Result<(), String> {
 /// Milliseconds of a duration, saturating, for SQL intervals.
 pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// What a SQL store does for [`settle`]: read a record, and mark a dead holder's record
+/// `unknown`.
+pub(crate) trait RecordAccess {
+    /// The record of `id`, read in a statement of its own, outside any transaction.
+    fn read(&self, id: &RecordId) -> impl Future<Output = Result<Option<RecordRow>, StoreError>> + Send;
+
+    /// Marks `id` unknown if it is still `processing` under `token` with its lease run out.
+    /// Whether it did.
+    fn mark_unknown(&self, id: &RecordId, token: i64) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// Decides what a record found in the way of a claim means, reading it first if `row` is
+/// `None`. `Ok(None)`: there is nothing in the way, claim (again). While a leased holder is
+/// alive it looks again (10 ms backoff doubling to 200 ms), never past `deadline`.
+pub(crate) async fn settle<C>(
+    store: &impl RecordAccess,
+    request: &BeginRequest<'_>,
+    deadline: Instant,
+    row: Option<RecordRow>,
+) -> Result<Option<Begin<C>>, StoreError> {
+    let mut backoff = Duration::from_millis(10);
+    let mut row = match row {
+        Some(row) => row,
+        None => match store.read(request.id).await? {
+            Some(row) => row,
+            None => return Ok(None),
+        },
+    };
+    loop {
+        match row.decide(request.fingerprint, request.stale_lease)? {
+            Found::Forgotten => return Ok(None),
+            Found::Record(record) => return Ok(Some(Begin::Existing(record))),
+            Found::StaleLease { token, record } => {
+                if store.mark_unknown(request.id, token).await? {
+                    return Ok(Some(Begin::Existing(record)));
+                }
+            }
+            Found::Live { lease_left } => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Ok(Some(Begin::InFlight { retry_after: lease_left.min(request.lease) }));
+                }
+                tokio::time::sleep(backoff.min(lease_left).min(deadline - now)).await;
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+        }
+        match store.read(request.id).await? {
+            Some(fresh) => row = fresh,
+            None => return Ok(None),
+        }
+    }
 }

@@ -97,7 +97,7 @@ use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Sqlite, Transaction};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
-use super::sql::{Found, RecordRow, check_identifier, millis};
+use super::sql::{self, RecordAccess, RecordRow, check_identifier, millis};
 use super::{
     Begin, BeginRequest, Claim, CouplingMode, FinishError, Outcome, Retention, StaleLeasePolicy, Store, StoreError,
 };
@@ -203,7 +203,7 @@ impl SqliteStore {
         loop {
             // The committed record first, without the write lock: replays and refusals never
             // queue behind another request's handler.
-            if let Some(answer) = self.settle_existing(request, deadline).await? {
+            if let Some(answer) = sql::settle(self, request, deadline, None).await? {
                 return Ok(answer);
             }
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(unavailable)?;
@@ -227,7 +227,7 @@ impl SqliteStore {
     async fn begin_leased(&self, request: &BeginRequest<'_>) -> Result<Begin<SqliteClaim>, StoreError> {
         let deadline = Instant::now() + request.wait;
         loop {
-            if let Some(answer) = self.settle_existing(request, deadline).await? {
+            if let Some(answer) = sql::settle(self, request, deadline, None).await? {
                 return Ok(answer);
             }
             // The counter bump and the claim are one short write transaction.
@@ -271,48 +271,28 @@ impl SqliteStore {
             .map_err(unavailable)?;
         Ok(claimed.map(|_| token))
     }
+}
 
-    /// Reads the committed record in the way of a claim and decides. `None`: try to claim.
-    async fn settle_existing(
-        &self,
-        request: &BeginRequest<'_>,
-        deadline: Instant,
-    ) -> Result<Option<Begin<SqliteClaim>>, StoreError> {
-        let mut backoff = Duration::from_millis(10);
-        loop {
-            let row = sqlx::query(self.sql.read.clone())
-                .bind(request.id.digest().to_vec())
-                .bind(now_ms())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(unavailable)?;
-            let Some(row) = row else { return Ok(None) };
-            match record_row(&row)?.decide(request.fingerprint, request.stale_lease)? {
-                Found::Forgotten => return Ok(None),
-                Found::Record(record) => return Ok(Some(Begin::Existing(record))),
-                Found::StaleLease { token, record } => {
-                    let marked = sqlx::query(self.sql.mark_unknown.clone())
-                        .bind(request.id.digest().to_vec())
-                        .bind(token)
-                        .bind(now_ms())
-                        .execute(&self.pool)
-                        .await
-                        .map_err(unavailable)?;
-                    if marked.rows_affected() == 1 {
-                        return Ok(Some(Begin::Existing(record)));
-                    }
-                }
-                Found::Live { lease_left } => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(Some(Begin::InFlight { retry_after: lease_left.min(request.lease) }));
-                    }
-                    // A leased holder is alive: look again soon, never past the deadline.
-                    tokio::time::sleep(backoff.min(lease_left).min(deadline - now)).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(200));
-                }
-            }
-        }
+impl RecordAccess for SqliteStore {
+    async fn read(&self, id: &RecordId) -> Result<Option<RecordRow>, StoreError> {
+        let row = sqlx::query(self.sql.read.clone())
+            .bind(id.digest().to_vec())
+            .bind(now_ms())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        row.as_ref().map(record_row).transpose()
+    }
+
+    async fn mark_unknown(&self, id: &RecordId, token: i64) -> Result<bool, StoreError> {
+        let marked = sqlx::query(self.sql.mark_unknown.clone())
+            .bind(id.digest().to_vec())
+            .bind(token)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(marked.rows_affected() == 1)
     }
 }
 
