@@ -57,11 +57,15 @@ CREATE OR REPLACE FUNCTION "{schema}"."{table}_claim"(
     p_reexecute boolean
 ) RETURNS void LANGUAGE plpgsql AS $claim$
 DECLARE
-    v_lock_timeout text := current_setting('lock_timeout');
+    v_lock_timeout text;
 BEGIN
-    PERFORM set_config('lock_timeout', p_lock_ms::text, true);
-    PERFORM pg_advisory_xact_lock(p_lock_key);
-    PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    -- Uncontended (the common case): take the lock at once. Contended: wait for it, bounded.
+    IF NOT pg_try_advisory_xact_lock(p_lock_key) THEN
+        v_lock_timeout := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', p_lock_ms::text, true);
+        PERFORM pg_advisory_xact_lock(p_lock_key);
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    END IF;
     IF EXISTS (
         SELECT 1 FROM "{schema}"."{table}" r
         WHERE r.record_id = p_record_id
