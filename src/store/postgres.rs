@@ -54,6 +54,7 @@ use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr, SqlStr};
 use tokio::time::Instant;
 
+pub use super::sql::InvalidIdentifier;
 use super::sql::{self, RecordAccess, RecordRow, check_identifier, millis};
 use super::{
     Begin, BeginRequest, Claim, CouplingMode, FinishError, Outcome, Retention, StaleLeasePolicy, Store, StoreError,
@@ -91,11 +92,6 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-/// A schema or table name that cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid identifier: {0}")]
-pub struct InvalidIdentifier(String);
-
 impl PostgresStore {
     /// An atomic-mode store over `pool`, in schema `public`, table `idempotency_records`.
     pub fn new(pool: PgPool) -> Self {
@@ -104,13 +100,13 @@ impl PostgresStore {
 
     /// The schema that holds the table (created by [`migrate`](Self::migrate) if missing).
     pub fn schema(self, schema: &str) -> Result<Self, InvalidIdentifier> {
-        check_identifier(schema).map_err(InvalidIdentifier)?;
+        check_identifier(schema)?;
         Ok(Self::build(self.pool, self.mode, schema, &self.table))
     }
 
     /// The table's name.
     pub fn table(self, table: &str) -> Result<Self, InvalidIdentifier> {
-        check_identifier(table).map_err(InvalidIdentifier)?;
+        check_identifier(table)?;
         Ok(Self::build(self.pool, self.mode, &self.schema, table))
     }
 

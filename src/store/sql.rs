@@ -101,17 +101,19 @@ impl RecordRow {
     }
 }
 
+/// A schema or table name that cannot be used: SQL stores splice these names into their
+/// statements, so only plain lowercase identifiers are accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a plain lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 48 bytes)")]
+pub struct InvalidIdentifier(String);
+
 /// Checks that a schema or table name is a plain SQL identifier (it is spliced into SQL).
-pub(crate) fn check_identifier(name: &str) -> Result<(), String> {
+pub(crate) fn check_identifier(name: &str) -> Result<(), InvalidIdentifier> {
     let ok = !name.is_empty()
         && name.len() <= 48
         && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{name:?} is not a plain lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 48 bytes)"))
-    }
+    if ok { Ok(()) } else { Err(InvalidIdentifier(name.to_owned())) }
 }
 
 /// Milliseconds of a duration, saturating, for SQL intervals.

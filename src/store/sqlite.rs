@@ -97,6 +97,7 @@ use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Sqlite, Transaction};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
+pub use super::sql::InvalidIdentifier;
 use super::sql::{self, RecordAccess, RecordRow, check_identifier, millis};
 use super::{
     Begin, BeginRequest, Claim, CouplingMode, FinishError, Outcome, Retention, StaleLeasePolicy, Store, StoreError,
@@ -131,11 +132,6 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-/// A table name that cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid identifier: {0}")]
-pub struct InvalidIdentifier(String);
-
 impl SqliteStore {
     /// An atomic-mode store over `pool`, table `idempotency_records`.
     pub fn new(pool: SqlitePool) -> Self {
@@ -144,7 +140,7 @@ impl SqliteStore {
 
     /// The table's name (its counter table is `<table>_fencing`).
     pub fn table(self, table: &str) -> Result<Self, InvalidIdentifier> {
-        check_identifier(table).map_err(InvalidIdentifier)?;
+        check_identifier(table)?;
         Ok(Self::build(self.pool, self.mode, table))
     }
 
