@@ -414,12 +414,7 @@ impl PgClaim {
             Outcome::Complete(response) => self.finish_query("completed", &response).execute(&self.store.pool).await,
             Outcome::StoreFailure(response) => self.finish_query("failed", &response).execute(&self.store.pool).await,
         };
-        match done {
-            Ok(done) if done.rows_affected() == 1 => Ok(()),
-            Ok(_) => Err(FinishError::LeaseLost),
-            // The update may or may not have reached the database.
-            Err(error) => Err(FinishError::CommitUncertain(Box::new(error))),
-        }
+        sql::fenced_write(done.map(|done| done.rows_affected()), |_| false)
     }
 }
 

@@ -116,6 +116,22 @@ pub(crate) fn check_identifier(name: &str) -> Result<(), InvalidIdentifier> {
     if ok { Ok(()) } else { Err(InvalidIdentifier(name.to_owned())) }
 }
 
+/// The result of a leased claim's fenced write (its completion, or its release): one row means
+/// the claim still held the record; none, that the lease was lost; an error, that the write may
+/// or may not have reached the database, unless `never_ran` says it surely did not.
+pub(crate) fn fenced_write(
+    rows: Result<u64, sqlx::Error>,
+    never_ran: impl Fn(&sqlx::Error) -> bool,
+) -> Result<(), super::FinishError> {
+    use super::FinishError;
+    match rows {
+        Ok(1) => Ok(()),
+        Ok(_) => Err(FinishError::LeaseLost),
+        Err(error) if never_ran(&error) => Err(FinishError::Store(StoreError::Unavailable(Box::new(error)))),
+        Err(error) => Err(FinishError::CommitUncertain(Box::new(error))),
+    }
+}
+
 /// Milliseconds of a duration, saturating, for SQL intervals.
 pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)

@@ -408,14 +408,8 @@ impl SqliteClaim {
             Outcome::Complete(response) => self.finish_query("completed", &response).execute(&self.store.pool).await,
             Outcome::StoreFailure(response) => self.finish_query("failed", &response).execute(&self.store.pool).await,
         };
-        match done {
-            Ok(done) if done.rows_affected() == 1 => Ok(()),
-            Ok(_) => Err(FinishError::LeaseLost),
-            // The write lock was not free within the busy timeout: the update never ran.
-            Err(error) if is_busy(&error) => Err(FinishError::Store(unavailable(error))),
-            // The update may or may not have reached the database.
-            Err(error) => Err(FinishError::CommitUncertain(Box::new(error))),
-        }
+        // A busy write lock means the update never ran.
+        sql::fenced_write(done.map(|done| done.rows_affected()), is_busy)
     }
 }
 
