@@ -10,8 +10,12 @@
 //! Run with `cargo bench --bench pg_orders --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server, default `postgres://postgres@127.0.0.1:5432/test`).
 
+#[path = "support/http_load.rs"]
+mod http_load;
+
+use http_load::KeyOf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -19,9 +23,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use sqlx::{PgPool, Postgres};
 use tower_idempotency::{CouplingMode, IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, TxHandle};
 
@@ -99,56 +100,16 @@ impl Measured {
     }
 }
 
-/// Drives `addr` with `CONCURRENCY` clients; `key_of(n)` names the key of request `n`.
-async fn load(
-    name: &'static str,
-    addr: std::net::SocketAddr,
-    key_of: Arc<dyn Fn(u64) -> String + Send + Sync>,
-) -> Measured {
-    let client: Client<_, String> = Client::builder(TokioExecutor::new()).build_http();
+/// Drives `addr` with `CONCURRENCY` clients, a warm-up and then the measured window;
+/// `key_of(n)` names the key of request `n`.
+async fn load(name: &'static str, addr: std::net::SocketAddr, key_of: KeyOf) -> Measured {
     let counter = Arc::new(AtomicU64::new(0));
-    let run = |window: Duration, record: bool| {
-        let (client, counter, key_of) = (client.clone(), counter.clone(), key_of.clone());
-        async move {
-            let deadline = Instant::now() + window;
-            let mut workers = Vec::new();
-            for _ in 0..CONCURRENCY {
-                let (client, counter, key_of) = (client.clone(), counter.clone(), key_of.clone());
-                workers.push(tokio::spawn(async move {
-                    let mut latencies = Vec::new();
-                    while Instant::now() < deadline {
-                        let key = key_of(counter.fetch_add(1, Ordering::Relaxed));
-                        let request = Request::post(format!("http://{addr}/orders"))
-                            .header("idempotency-key", key)
-                            .header("content-type", "application/json")
-                            .body(BODY.to_owned())
-                            .unwrap();
-                        let started = Instant::now();
-                        let response = client.request(request).await.expect("request");
-                        let status = response.status();
-                        response.into_body().collect().await.expect("body");
-                        assert_eq!(status, StatusCode::CREATED, "{name}: every request must succeed");
-                        if record {
-                            latencies.push(started.elapsed());
-                        }
-                    }
-                    latencies
-                }));
-            }
-            let mut all = Vec::new();
-            for worker in workers {
-                all.extend(worker.await.unwrap());
-            }
-            all
-        }
-    };
-    run(WARM_UP, false).await;
+    http_load::post_orders(name, addr, CONCURRENCY, BODY, counter.clone(), key_of.clone(), WARM_UP).await;
     let started = Instant::now();
-    let mut latencies = run(MEASURE, true).await;
+    let latencies = http_load::post_orders(name, addr, CONCURRENCY, BODY, counter, key_of, MEASURE).await;
     let elapsed = started.elapsed();
-    latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
-    Measured { name, requests: latencies.len(), elapsed, p50: at(0.50), p99: at(0.99) }
+    let (p50, p99) = (http_load::quantile(&latencies, 0.50), http_load::quantile(&latencies, 0.99));
+    Measured { name, requests: latencies.len(), elapsed, p50, p99 }
 }
 
 async fn fresh_pool() -> (PgPool, String) {
@@ -176,9 +137,7 @@ fn main() {
         let atomic = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
         atomic.migrate().await.unwrap();
         let leased = atomic.clone().leased();
-        let unique = |prefix: &'static str| -> Arc<dyn Fn(u64) -> String + Send + Sync> {
-            Arc::new(move |n| format!("{prefix}-{n}"))
-        };
+        let unique = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{n}")) };
 
         let bare = serve(router(pool.clone(), None)).await;
         let with_atomic = serve(router(pool.clone(), Some(IdempotencyLayer::new(atomic.clone())))).await;

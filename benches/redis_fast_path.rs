@@ -15,18 +15,19 @@
 //! (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`); Redis is a
 //! `redis-server` the benchmark starts on a free loopback port, or `REDIS_URL` if set.
 
+#[path = "support/http_load.rs"]
+mod http_load;
+
+use http_load::KeyOf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use sqlx::{PgPool, Postgres};
 use tower_idempotency::{FastPath, IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, Store, TxHandle};
 
@@ -101,7 +102,7 @@ impl Measured {
     }
 
     fn at(&self, q: f64) -> Duration {
-        self.latencies[((self.latencies.len() as f64 * q) as usize).min(self.latencies.len() - 1)]
+        http_load::quantile(&self.latencies, q)
     }
 
     /// Two measurements of the same scenario as one.
@@ -144,56 +145,21 @@ fn cpu_times(redis_pid: Option<u32>) -> [Duration; 3] {
     [own, postgres, redis].map(|t| tick * t as u32)
 }
 
-/// Drives `addr` with `CONCURRENCY` clients; `key_of(n)` names the key of request `n`.
+/// Drives `addr` with `CONCURRENCY` clients, a warm-up and then the measured window, with the
+/// CPU time the bench process, PostgreSQL and Redis spent in it; `key_of(n)` names the key of
+/// request `n`.
 async fn load(
     name: &'static str,
     addr: std::net::SocketAddr,
     counter: Arc<AtomicU64>,
-    key_of: Arc<dyn Fn(u64) -> String + Send + Sync>,
+    key_of: KeyOf,
     redis_pid: Option<u32>,
     (warm_up, measure): (Duration, Duration),
 ) -> Measured {
-    let client: Client<_, String> = Client::builder(TokioExecutor::new()).build_http();
-    let run = |window: Duration, record: bool| {
-        let (client, counter, key_of) = (client.clone(), counter.clone(), key_of.clone());
-        async move {
-            let deadline = Instant::now() + window;
-            let mut workers = Vec::new();
-            for _ in 0..CONCURRENCY {
-                let (client, counter, key_of) = (client.clone(), counter.clone(), key_of.clone());
-                workers.push(tokio::spawn(async move {
-                    let mut latencies = Vec::new();
-                    while Instant::now() < deadline {
-                        let key = key_of(counter.fetch_add(1, Ordering::Relaxed));
-                        let request = Request::post(format!("http://{addr}/orders"))
-                            .header("idempotency-key", key)
-                            .header("content-type", "application/json")
-                            .body(BODY.to_owned())
-                            .unwrap();
-                        let started = Instant::now();
-                        let response = client.request(request).await.expect("request");
-                        let status = response.status();
-                        response.into_body().collect().await.expect("body");
-                        assert_eq!(status, StatusCode::CREATED, "{name}: every request must succeed");
-                        if record {
-                            latencies.push(started.elapsed());
-                        }
-                    }
-                    latencies
-                }));
-            }
-            let mut all = Vec::new();
-            for worker in workers {
-                all.extend(worker.await.unwrap());
-            }
-            all
-        }
-    };
-    run(warm_up, false).await;
+    http_load::post_orders(name, addr, CONCURRENCY, BODY, counter.clone(), key_of.clone(), warm_up).await;
     let (started, cpu_before) = (Instant::now(), cpu_times(redis_pid));
-    let mut latencies = run(measure, true).await;
+    let latencies = http_load::post_orders(name, addr, CONCURRENCY, BODY, counter, key_of, measure).await;
     let (elapsed, cpu_after) = (started.elapsed(), cpu_times(redis_pid));
-    latencies.sort();
     let cpu = [0, 1, 2].map(|i| cpu_after[i].saturating_sub(cpu_before[i]));
     Measured { name, requests: latencies.len(), elapsed, latencies, cpu }
 }
@@ -255,12 +221,8 @@ fn main() {
         let plain = serve(router(store.clone())).await;
         let with_fast = serve(router(fast.clone())).await;
         let (pg_keys, fast_keys) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let unique = |prefix: &'static str| -> Arc<dyn Fn(u64) -> String + Send + Sync> {
-            Arc::new(move |n| format!("{prefix}-{n}"))
-        };
-        let replay = |prefix: &'static str| -> Arc<dyn Fn(u64) -> String + Send + Sync> {
-            Arc::new(move |n| format!("{prefix}-{}", n % REPLAYED_KEYS))
-        };
+        let unique = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{n}")) };
+        let replay = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{}", n % REPLAYED_KEYS)) };
 
         // First executions, in pairs of short runs: pg then fast, fast then pg, ...
         let round = (ROUND_WARM_UP, ROUND_MEASURE);
