@@ -5,17 +5,10 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use axum::Router;
-use axum::body::Body;
 use axum::routing::post;
-use http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use http::StatusCode;
 use sqlx::Postgres;
-use tokio::sync::Barrier;
-use tower::ServiceExt;
 use tower_idempotency::{CouplingMode, IdempotencyContext, IdempotencyLayer, TxHandle};
 
 const KEYS: usize = 200;
@@ -50,33 +43,7 @@ fn storm_of_identical_requests_creates_exactly_one_order_per_key() {
         let layer = IdempotencyLayer::new(store.clone()).shared_scope("storm").operation("storm.create");
         let app = Router::new().route("/orders", post(create_order).layer(layer));
 
-        let mut answers: HashMap<String, Vec<(StatusCode, bool, String)>> = HashMap::new();
-        for batch in (0..KEYS).collect::<Vec<_>>().chunks(KEYS_AT_ONCE) {
-            let barrier = Arc::new(Barrier::new(batch.len() * DUPLICATES));
-            let mut tasks = Vec::new();
-            for &k in batch {
-                for _ in 0..DUPLICATES {
-                    let (app, barrier, key) = (app.clone(), barrier.clone(), format!("storm-key-{k}"));
-                    tasks.push(tokio::spawn(async move {
-                        let request = Request::post("/orders")
-                            .header("idempotency-key", &key)
-                            .header("content-type", "application/json")
-                            .body(Body::from(format!("{{\"sku\":\"{key}\",\"quantity\":1}}")))
-                            .unwrap();
-                        barrier.wait().await;
-                        let response = app.oneshot(request).await.unwrap();
-                        let status = response.status();
-                        let replayed = response.headers().contains_key("idempotent-replayed");
-                        let body = response.into_body().collect().await.unwrap().to_bytes();
-                        (key, status, replayed, String::from_utf8_lossy(&body).into_owned())
-                    }));
-                }
-            }
-            for task in tasks {
-                let (key, status, replayed, body) = task.await.expect("request task");
-                answers.entry(key).or_default().push((status, replayed, body));
-            }
-        }
+        let answers = support::storm::storm(&app, "storm", KEYS, DUPLICATES, KEYS_AT_ONCE).await;
 
         let rows: Vec<(String, i64)> =
             sqlx::query_as("SELECT operation_id, count(*) FROM storm_orders GROUP BY operation_id")
@@ -86,22 +53,7 @@ fn storm_of_identical_requests_creates_exactly_one_order_per_key() {
         assert_eq!(rows.len(), KEYS, "every key must have created an order");
         assert!(rows.iter().all(|(_, n)| *n == 1), "some key created more than one order: {rows:?}");
 
-        let mut conflicts = 0;
-        for (key, answers) in &answers {
-            assert_eq!(answers.len(), DUPLICATES);
-            let executed: Vec<_> =
-                answers.iter().filter(|(s, replayed, _)| *s == StatusCode::CREATED && !replayed).collect();
-            assert_eq!(executed.len(), 1, "{key}: exactly one answer is the execution");
-            for (status, replayed, body) in answers {
-                if *replayed {
-                    assert_eq!((status, body), (&StatusCode::CREATED, &executed[0].2), "{key}: replays are identical");
-                } else if *status != StatusCode::CREATED {
-                    assert_eq!(*status, StatusCode::CONFLICT, "{key}: the only other answer is 409, got {body}");
-                    assert!(body.contains("idempotency_request_in_flight"), "{body}");
-                    conflicts += 1;
-                }
-            }
-        }
+        let conflicts = support::storm::check_answers(&answers, DUPLICATES);
         println!("storm: {KEYS} keys x {DUPLICATES} requests: {} orders, {conflicts} answers were 409", rows.len());
     });
 }

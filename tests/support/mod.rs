@@ -57,6 +57,8 @@ pub async fn pg_store(mode: tower_idempotency::CouplingMode) -> tower_idempotenc
     store
 }
 pub mod server;
+#[cfg(feature = "axum")]
+pub mod storm;
 
 /// A migrated SQLite store on a database file of its own in the system temp dir, in WAL mode,
 /// with room for the suites' concurrent cases: 32 connections, and a 10 s busy timeout for

@@ -1,0 +1,76 @@
+//! The storm both storm tests run: for each key, many identical requests released together
+//! behind a barrier, a few keys at a time; then the checks every storm must pass.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::Barrier;
+use tower::ServiceExt;
+
+/// One answer: status, whether it was a replay, body.
+pub type Answer = (StatusCode, bool, String);
+
+/// Sends `duplicates` identical `POST /orders` for each of `keys` keys (named
+/// `{label}-key-{k}`), `keys_at_once` keys at a time, all requests of a batch released together.
+pub async fn storm(
+    app: &Router,
+    label: &str,
+    keys: usize,
+    duplicates: usize,
+    keys_at_once: usize,
+) -> HashMap<String, Vec<Answer>> {
+    let mut answers: HashMap<String, Vec<Answer>> = HashMap::new();
+    for batch in (0..keys).collect::<Vec<_>>().chunks(keys_at_once) {
+        let barrier = Arc::new(Barrier::new(batch.len() * duplicates));
+        let mut tasks = Vec::new();
+        for &k in batch {
+            for _ in 0..duplicates {
+                let (app, barrier, key) = (app.clone(), barrier.clone(), format!("{label}-key-{k}"));
+                tasks.push(tokio::spawn(async move {
+                    let request = Request::post("/orders")
+                        .header("idempotency-key", &key)
+                        .header("content-type", "application/json")
+                        .body(Body::from(format!("{{\"sku\":\"{key}\",\"quantity\":1}}")))
+                        .unwrap();
+                    barrier.wait().await;
+                    let response = app.oneshot(request).await.unwrap();
+                    let status = response.status();
+                    let replayed = response.headers().contains_key("idempotent-replayed");
+                    let body = response.into_body().collect().await.unwrap().to_bytes();
+                    (key, status, replayed, String::from_utf8_lossy(&body).into_owned())
+                }));
+            }
+        }
+        for task in tasks {
+            let (key, status, replayed, body) = task.await.expect("request task");
+            answers.entry(key).or_default().push((status, replayed, body));
+        }
+    }
+    answers
+}
+
+/// Checks a storm's answers: for each key, exactly one execution, every replay identical to it,
+/// and nothing else but 409 in flight. Returns how many answers were 409.
+pub fn check_answers(answers: &HashMap<String, Vec<Answer>>, duplicates: usize) -> usize {
+    let mut conflicts = 0;
+    for (key, answers) in answers {
+        assert_eq!(answers.len(), duplicates);
+        let executed: Vec<_> =
+            answers.iter().filter(|(s, replayed, _)| *s == StatusCode::CREATED && !replayed).collect();
+        assert_eq!(executed.len(), 1, "{key}: exactly one answer is the execution");
+        for (status, replayed, body) in answers {
+            if *replayed {
+                assert_eq!((status, body), (&StatusCode::CREATED, &executed[0].2), "{key}: replays are identical");
+            } else if *status != StatusCode::CREATED {
+                assert_eq!(*status, StatusCode::CONFLICT, "{key}: the only other answer is 409, got {body}");
+                assert!(body.contains("idempotency_request_in_flight"), "{body}");
+                conflicts += 1;
+            }
+        }
+    }
+    conflicts
+}
