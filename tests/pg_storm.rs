@@ -7,9 +7,7 @@ mod support;
 
 use axum::Router;
 use axum::routing::post;
-use http::StatusCode;
-use sqlx::Postgres;
-use tower_idempotency::{CouplingMode, IdempotencyContext, IdempotencyLayer, TxHandle};
+use tower_idempotency::{CouplingMode, IdempotencyLayer};
 
 const KEYS: usize = 200;
 const DUPLICATES: usize = 64;
@@ -17,31 +15,13 @@ const DUPLICATES: usize = 64;
 /// few enough that the 2-core machine and the pool are not the bottleneck being measured.
 const KEYS_AT_ONCE: usize = 4;
 
-async fn create_order(context: IdempotencyContext, tx: TxHandle<Postgres>, body: String) -> (StatusCode, String) {
-    let order_id = uuid::Uuid::new_v4();
-    let mut conn = tx.acquire().await.expect("the claim's transaction");
-    sqlx::query("INSERT INTO storm_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
-        .bind(order_id.to_string())
-        .bind(context.operation_id())
-        .bind(&body)
-        .execute(&mut *conn)
-        .await
-        .expect("insert the order");
-    (StatusCode::CREATED, format!("{{\"order_id\":\"{order_id}\"}}"))
-}
-
 #[test]
 fn storm_of_identical_requests_creates_exactly_one_order_per_key() {
     tower_idempotency::testkit::run(async {
         let store = support::pg_store(CouplingMode::Atomic).await;
-        sqlx::raw_sql(
-            "CREATE TABLE storm_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL)",
-        )
-        .execute(store.pool())
-        .await
-        .expect("orders table");
+        sqlx::raw_sql(support::storm::CREATE_TABLE).execute(store.pool()).await.expect("orders table");
         let layer = IdempotencyLayer::new(store.clone()).shared_scope("storm").operation("storm.create");
-        let app = Router::new().route("/orders", post(create_order).layer(layer));
+        let app = Router::new().route("/orders", post(support::storm::create_order).layer(layer));
 
         let answers = support::storm::storm(&app, "storm", KEYS, DUPLICATES, KEYS_AT_ONCE).await;
 

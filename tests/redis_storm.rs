@@ -18,9 +18,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
-use http::StatusCode;
-use sqlx::{PgPool, Postgres};
-use tower_idempotency::{IdempotencyContext, IdempotencyLayer, PostgresStore, Store, TxHandle};
+use sqlx::PgPool;
+use tower_idempotency::{IdempotencyLayer, PostgresStore, Store};
 
 const KEYS: usize = 200;
 /// Keys of the comparison storm without the fast path (it only needs to show its peak).
@@ -29,19 +28,6 @@ const DUPLICATES: usize = 64;
 const KEYS_AT_ONCE: usize = 4;
 /// Room for every request of a batch: the pool is not what bounds the baseline's peak.
 const POOL: u32 = 64;
-
-async fn create_order(context: IdempotencyContext, tx: TxHandle<Postgres>, body: String) -> (StatusCode, String) {
-    let order_id = uuid::Uuid::new_v4();
-    let mut conn = tx.acquire().await.expect("the claim's transaction");
-    sqlx::query("INSERT INTO storm_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
-        .bind(order_id.to_string())
-        .bind(context.operation_id())
-        .bind(&body)
-        .execute(&mut *conn)
-        .await
-        .expect("insert the order");
-    (StatusCode::CREATED, format!("{{\"order_id\":\"{order_id}\"}}"))
-}
 
 /// A migrated atomic store in a schema of its own, on a pool whose connections carry
 /// `application_name`, so the server's view of them can be counted.
@@ -60,12 +46,7 @@ async fn store(application_name: &str) -> PostgresStore {
         .expect("connect");
     let store = PostgresStore::new(pool).schema(&schema).unwrap();
     store.migrate().await.expect("migrate");
-    sqlx::raw_sql(
-        "CREATE TABLE storm_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL)",
-    )
-    .execute(store.pool())
-    .await
-    .expect("orders table");
+    sqlx::raw_sql(support::storm::CREATE_TABLE).execute(store.pool()).await.expect("orders table");
     store
 }
 
@@ -113,7 +94,7 @@ fn watch(pool: PgPool, application_name: String, stop: Arc<AtomicBool>) -> tokio
 async fn storm<St: Store>(label: &str, orders: &PostgresStore, layer_store: St, keys: usize) -> (Peaks, usize) {
     let application_name = orders.pool().connect_options().get_application_name().unwrap().to_owned();
     let layer = IdempotencyLayer::new(layer_store).shared_scope("storm").operation("storm.create");
-    let app = Router::new().route("/orders", post(create_order).layer(layer));
+    let app = Router::new().route("/orders", post(support::storm::create_order).layer(layer));
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = watch(orders.pool().clone(), application_name, stop.clone());
     let answers = support::storm::storm(&app, label, keys, DUPLICATES, KEYS_AT_ONCE).await;

@@ -11,6 +11,30 @@ use http_body_util::BodyExt;
 use tokio::sync::Barrier;
 use tower::ServiceExt;
 
+/// The orders table of the storms.
+#[cfg(feature = "postgres")]
+pub const CREATE_TABLE: &str =
+    "CREATE TABLE storm_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL)";
+
+/// The storms' handler: writes an order through the claim's transaction and answers with its id.
+#[cfg(feature = "postgres")]
+pub async fn create_order(
+    context: tower_idempotency::IdempotencyContext,
+    tx: tower_idempotency::TxHandle<sqlx::Postgres>,
+    body: String,
+) -> (StatusCode, String) {
+    let order_id = uuid::Uuid::new_v4();
+    let mut conn = tx.acquire().await.expect("the claim's transaction");
+    sqlx::query("INSERT INTO storm_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
+        .bind(order_id.to_string())
+        .bind(context.operation_id())
+        .bind(&body)
+        .execute(&mut *conn)
+        .await
+        .expect("insert the order");
+    (StatusCode::CREATED, format!("{{\"order_id\":\"{order_id}\"}}"))
+}
+
 /// One answer: status, whether it was a replay, body.
 pub type Answer = (StatusCode, bool, String);
 
