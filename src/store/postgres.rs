@@ -174,14 +174,17 @@ impl PostgresStore {
                 Err((error, conn)) => match sqlstate(&error).as_deref() {
                     Some(RECORD_EXISTS) => conn,
                     Some(LOCK_NOT_AVAILABLE) => {
-                        drop(rollback_and_read(conn, &self.sql.read_literal(request.id)).await);
+                        roll_back_failed_claim(conn).await;
                         return Ok(Begin::InFlight { retry_after: Duration::from_secs(1) });
                     }
                     Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED) if Instant::now() < deadline => {
-                        drop(rollback_and_read(conn, &self.sql.read_literal(request.id)).await);
+                        roll_back_failed_claim(conn).await;
                         continue;
                     }
-                    _ => return Err(unavailable(error)),
+                    _ => {
+                        roll_back_failed_claim(conn).await;
+                        return Err(unavailable(error));
+                    }
                 },
             };
             // A live record is in the way. Roll the failed claim back and read the record in
@@ -396,7 +399,7 @@ impl PgClaim {
             Ok(tx) => Ok(OpenTx::Managed(tx)),
             Err((error, conn)) => {
                 let lost = matches!(sqlstate(&error).as_deref(), Some(RECORD_EXISTS | LOCK_NOT_AVAILABLE));
-                drop(rollback_and_read(conn, &store.sql.read_literal(&self.id)).await);
+                roll_back_failed_claim(conn).await;
                 Err(if lost { FinishError::LeaseLost } else { FinishError::Store(unavailable(error)) })
             }
         }
@@ -633,6 +636,14 @@ const DEADLOCK_DETECTED: &str = "40P01";
 /// Serialization failures and deadlocks: the claim may simply be tried again.
 fn is_retryable(error: &sqlx::Error) -> bool {
     matches!(sqlstate(error).as_deref(), Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED))
+}
+
+/// Rolls back a connection whose claim statement failed, so it goes back to the pool clean; a
+/// connection that cannot even do that is closed instead.
+async fn roll_back_failed_claim(mut conn: PoolConnection<Postgres>) {
+    if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
+        conn.close_on_drop();
+    }
 }
 
 /// Rolls back a connection whose claim failed and reads the record, in one round trip; the
