@@ -5,8 +5,11 @@
 //! - `leased`: the layer in leased mode; the handler writes in its own transaction;
 //! - `replay`: the layer in atomic mode, every request a retry of a completed key.
 //!
-//! Each scenario gets a warm-up, then a fixed measuring window with `CONCURRENCY` keep-alive
-//! clients. It prints throughput, p50 and p99 latency, and the ratios the project tracks.
+//! Each scenario gets a warm-up, then `ROUNDS` measuring windows with `CONCURRENCY` keep-alive
+//! clients, one window per scenario per round, the order rotated each round. It prints
+//! throughput, p50 and p99 latency over all windows, and the ratios the project tracks: overall,
+//! and the median and range of the per-round ratios (windows of one round run minutes apart at
+//! most, so they share the machine's mood). `PG_ORDERS_ROUNDS` overrides the number of rounds.
 //! Run with `cargo bench --bench pg_orders --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server, default `postgres://postgres@127.0.0.1:5432/test`).
 
@@ -28,7 +31,10 @@ use tower_idempotency::{CouplingMode, IdempotencyContext, IdempotencyLayer, Post
 
 const CONCURRENCY: usize = 32;
 const WARM_UP: Duration = Duration::from_secs(2);
-const MEASURE: Duration = Duration::from_secs(8);
+/// One measured window; each scenario gets one per round.
+const MEASURE: Duration = Duration::from_secs(3);
+/// Rounds, unless `PG_ORDERS_ROUNDS` says otherwise.
+const ROUNDS: usize = 5;
 const POOL: u32 = 40;
 
 const BODY: &str = "{\"sku\":\"book-42\",\"quantity\":1,\"amount_minor\":129900,\"currency\":\"EUR\"}";
@@ -86,30 +92,73 @@ async fn serve(app: Router) -> std::net::SocketAddr {
     addr
 }
 
+/// One scenario's runs, over all rounds.
 struct Measured {
     name: &'static str,
-    requests: usize,
-    elapsed: Duration,
-    p50: Duration,
-    p99: Duration,
+    runs: Vec<Run>,
 }
 
-impl Measured {
+/// One measured window of one scenario.
+struct Run {
+    requests: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Run {
     fn throughput(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
     }
 }
 
-/// Drives `addr` with `CONCURRENCY` clients, a warm-up and then the measured window;
-/// `key_of(n)` names the key of request `n`.
-async fn load(name: &'static str, addr: std::net::SocketAddr, key_of: KeyOf) -> Measured {
-    let counter = Arc::new(AtomicU64::new(0));
-    http_load::post_orders(name, addr, CONCURRENCY, BODY, counter.clone(), key_of.clone(), WARM_UP).await;
-    let started = Instant::now();
-    let latencies = http_load::post_orders(name, addr, CONCURRENCY, BODY, counter, key_of, MEASURE).await;
-    let elapsed = started.elapsed();
-    let (p50, p99) = (http_load::quantile(&latencies, 0.50), http_load::quantile(&latencies, 0.99));
-    Measured { name, requests: latencies.len(), elapsed, p50, p99 }
+impl Measured {
+    fn requests(&self) -> usize {
+        self.runs.iter().map(|r| r.requests).sum()
+    }
+
+    fn throughput(&self) -> f64 {
+        let elapsed: Duration = self.runs.iter().map(|r| r.elapsed).sum();
+        self.requests() as f64 / elapsed.as_secs_f64()
+    }
+
+    fn quantile(&self, q: f64) -> Duration {
+        let mut all: Vec<Duration> = self.runs.iter().flat_map(|r| r.latencies.iter().copied()).collect();
+        all.sort_unstable();
+        http_load::quantile(&all, q)
+    }
+}
+
+/// A scenario's server and the keys its requests carry.
+struct Scenario {
+    name: &'static str,
+    addr: std::net::SocketAddr,
+    key_of: KeyOf,
+    counter: Arc<AtomicU64>,
+}
+
+impl Scenario {
+    fn new(name: &'static str, addr: std::net::SocketAddr, key_of: KeyOf) -> Self {
+        Self { name, addr, key_of, counter: Arc::new(AtomicU64::new(0)) }
+    }
+
+    async fn drive(&self, window: Duration) -> Vec<Duration> {
+        let (counter, key_of) = (self.counter.clone(), self.key_of.clone());
+        http_load::post_orders(self.name, self.addr, CONCURRENCY, BODY, counter, key_of, window).await
+    }
+
+    async fn measure(&self) -> Run {
+        let started = Instant::now();
+        let latencies = self.drive(MEASURE).await;
+        Run { requests: latencies.len(), elapsed: started.elapsed(), latencies }
+    }
+}
+
+/// The median and range of `numerator / denominator` over the rounds.
+fn ratio_over_rounds(numerator: &Measured, denominator: &Measured) -> (f64, f64, f64) {
+    let mut ratios: Vec<f64> =
+        numerator.runs.iter().zip(&denominator.runs).map(|(n, d)| n.throughput() / d.throughput()).collect();
+    ratios.sort_by(f64::total_cmp);
+    (ratios[ratios.len() / 2], ratios[0], ratios[ratios.len() - 1])
 }
 
 async fn fresh_pool() -> (PgPool, String) {
@@ -131,6 +180,7 @@ async fn fresh_pool() -> (PgPool, String) {
 }
 
 fn main() {
+    let rounds: usize = std::env::var("PG_ORDERS_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let (pool, database) = fresh_pool().await;
@@ -142,24 +192,49 @@ fn main() {
         let bare = serve(router(pool.clone(), None)).await;
         let with_atomic = serve(router(pool.clone(), Some(IdempotencyLayer::new(atomic.clone())))).await;
         let with_leased = serve(router(pool.clone(), Some(IdempotencyLayer::new(leased)))).await;
-
-        let mut results = vec![
-            load("no layer", bare, unique("bare")).await,
-            load("atomic", with_atomic, unique("atomic")).await,
-            load("leased", with_leased, unique("leased")).await,
+        let scenarios = [
+            Scenario::new("no layer", bare, unique("bare")),
+            Scenario::new("atomic", with_atomic, unique("atomic")),
+            Scenario::new("leased", with_leased, unique("leased")),
+            // Retries of 1000 keys the atomic scenario completed in its warm-up.
+            Scenario::new("replay", with_atomic, Arc::new(|n| format!("atomic-{}", n % 1000))),
         ];
-        // Replays: retries of 1000 keys the atomic scenario completed.
-        results.push(load("replay", with_atomic, Arc::new(|n| format!("atomic-{}", n % 1000))).await);
+        for scenario in &scenarios {
+            scenario.drive(WARM_UP).await;
+        }
+        // Rounds of one window per scenario, the order rotated each round, so that a slow
+        // stretch of this shared machine falls on every scenario alike.
+        let mut results: Vec<Measured> = scenarios.iter().map(|s| Measured { name: s.name, runs: vec![] }).collect();
+        for round in 0..rounds {
+            for i in 0..scenarios.len() {
+                let index = (i + round) % scenarios.len();
+                let run = scenarios[index].measure().await;
+                results[index].runs.push(run);
+            }
+        }
 
-        println!("\nPOST /orders on PostgreSQL, {CONCURRENCY} concurrent keep-alive clients, {MEASURE:?} each");
+        println!(
+            "\nPOST /orders on PostgreSQL, {CONCURRENCY} concurrent keep-alive clients, \
+             {rounds} rounds of {MEASURE:?} per scenario"
+        );
         println!("{:<10} {:>10} {:>12} {:>10} {:>10}", "scenario", "requests", "req/s", "p50", "p99");
         for m in &results {
-            println!("{:<10} {:>10} {:>12.0} {:>10.2?} {:>10.2?}", m.name, m.requests, m.throughput(), m.p50, m.p99);
+            let (throughput, p50, p99) = (m.throughput(), m.quantile(0.50), m.quantile(0.99));
+            println!("{:<10} {:>10} {throughput:>12.0} {p50:>10.2?} {p99:>10.2?}", m.name, m.requests());
         }
-        let get = |name: &str| results.iter().find(|m| m.name == name).unwrap().throughput();
-        println!("atomic / no layer : {:.2}x (aim >= 0.75x)", get("atomic") / get("no layer"));
-        println!("atomic / leased   : {:.2}x (aim >= 1.2x)", get("atomic") / get("leased"));
-        println!("replay / atomic   : {:.2}x (aim >= 2x)", get("replay") / get("atomic"));
+        let [bare, atomic, leased, replay] = &results[..] else { unreachable!("four scenarios") };
+        for (label, numerator, denominator, aim) in [
+            ("atomic / no layer", atomic, bare, 0.75),
+            ("atomic / leased  ", atomic, leased, 1.2),
+            ("replay / atomic  ", replay, atomic, 2.0),
+        ] {
+            let overall = numerator.throughput() / denominator.throughput();
+            let (median, low, high) = ratio_over_rounds(numerator, denominator);
+            println!(
+                "{label} : {overall:.2}x overall; per round median {median:.2}x, \
+                 range {low:.2}x..{high:.2}x (aim >= {aim}x)"
+            );
+        }
 
         pool.close().await;
         let admin = PgPool::connect(

@@ -6,8 +6,9 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
     state               text        NOT NULL,
     fingerprint_version smallint    NOT NULL,
     fingerprint         bytea       NOT NULL,
-    -- Strictly increasing per claim (one sequence for the table), so a superseded holder's
-    -- late completion matches no row.
+    -- Strictly increasing per leased claim (one sequence for the table), so a superseded
+    -- holder's late completion matches no row. 0 for atomic mode's records, which never hold a
+    -- lease (and so never contend for the sequence).
     fencing_token       bigint      NOT NULL,
     -- Leased mode only: a processing row whose lease has passed belongs to a dead holder.
     -- Atomic mode never commits a processing row, so it leaves this NULL.
@@ -79,11 +80,12 @@ END
 $claim$;
 
 -- Atomic mode's outcome: the record, written once with the answer, at the end of the claiming
--- transaction (atomic mode never commits a processing row). Sent in one round trip with the
--- COMMIT. It takes over only what the claim function let through (a forgotten record, or a dead
--- lease on a re-executable route); if another record holds the identity it raises SQLSTATE
--- TI002, so the COMMIT after it never runs and the business write rolls back with the claim.
--- A function, so that PostgreSQL plans the INSERT once per session instead of per request.
+-- transaction (atomic mode never commits a processing row), and sent in one round trip with the
+-- COMMIT. A plain INSERT: the claim has already deleted a forgotten record or a dead lease it
+-- takes over, so if another record holds the identity the primary key raises a unique violation,
+-- the COMMIT after it never runs, and the business write rolls back with the claim. An atomic
+-- record never held a lease, so its fencing token is 0 (leased claims draw theirs from the
+-- sequence). A function, so that PostgreSQL plans the INSERT once per session, not per request.
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_store"(
     p_record_id bytea,
     p_state text,
@@ -93,31 +95,13 @@ CREATE OR REPLACE FUNCTION "{schema}"."{table}_store"(
     p_fields bytea,
     p_body bytea,
     p_keep_ms bigint,
-    p_forget_ms bigint,
-    p_reexecute boolean
+    p_forget_ms bigint
 ) RETURNS void LANGUAGE plpgsql AS $store$
-DECLARE
-    v_stored integer;
 BEGIN
-    INSERT INTO "{schema}"."{table}" AS r (record_id, state, fingerprint_version, fingerprint, fencing_token,
+    INSERT INTO "{schema}"."{table}" (record_id, state, fingerprint_version, fingerprint, fencing_token,
         response_status, response_headers, response_body, response_until, forget_at)
-    VALUES (p_record_id, p_state, p_fingerprint_version, p_fingerprint,
-        nextval('"{schema}"."{table}_fencing_seq"'), p_status, p_fields, p_body,
+    VALUES (p_record_id, p_state, p_fingerprint_version, p_fingerprint, 0, p_status, p_fields, p_body,
         clock_timestamp() + p_keep_ms * interval '1 millisecond',
-        clock_timestamp() + p_forget_ms * interval '1 millisecond')
-    ON CONFLICT ON CONSTRAINT "{table}_pkey" DO UPDATE SET
-        state = EXCLUDED.state, fingerprint_version = EXCLUDED.fingerprint_version,
-        fingerprint = EXCLUDED.fingerprint, fencing_token = EXCLUDED.fencing_token,
-        lease_until = NULL, response_status = EXCLUDED.response_status,
-        response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body,
-        response_until = EXCLUDED.response_until, forget_at = EXCLUDED.forget_at,
-        created_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE r.forget_at <= clock_timestamp()
-       OR (p_reexecute AND r.state = 'processing' AND r.lease_until <= clock_timestamp()
-           AND r.fingerprint = EXCLUDED.fingerprint);
-    GET DIAGNOSTICS v_stored = ROW_COUNT;
-    IF v_stored <> 1 THEN
-        RAISE EXCEPTION USING ERRCODE = 'TI002', MESSAGE = 'another record holds this identity; the outcome was not stored';
-    END IF;
+        clock_timestamp() + p_forget_ms * interval '1 millisecond');
 END
 $store$;

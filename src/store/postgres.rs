@@ -4,8 +4,8 @@
 //! - **Atomic** (the default): [`Store::begin`] opens a transaction, claims the identity in it
 //!   and hands the transaction to the handler as a [`TxHandle`]. The handler's business writes,
 //!   the stored response and the claim commit together, or not at all. A concurrent duplicate
-//!   waits on the first transaction's row lock for at most the configured wait (PostgreSQL's
-//!   `lock_timeout`, not a sleep loop), then sees its outcome.
+//!   waits on the first transaction's lock on the identity for at most the configured wait
+//!   (PostgreSQL's `lock_timeout`, not a sleep loop), then sees its outcome.
 //! - **Leased**: the claim commits at once as `processing` with a lease and a fencing token;
 //!   the outcome is written later by a fenced, state-checked update. For handlers that call the
 //!   outside world, where one transaction cannot span the side effect.
@@ -15,16 +15,23 @@
 //!
 //! # How an atomic request travels
 //!
-//! 1. A plain read of the record, outside any transaction: a retry of a finished request is
-//!    answered from it, with no transaction and no lock (one round trip).
-//! 2. `BEGIN` and the migration's `<table>_claim` function in one round trip: a
-//!    transaction-scoped advisory lock on the identity, waited for at most the in-flight wait
-//!    (`lock_timeout`), then a check that no record appeared meanwhile. A concurrent duplicate
-//!    therefore waits for the first request's COMMIT or ROLLBACK, then sees its outcome.
+//! 1. A plain read of the record (a prepared statement), outside any transaction: a retry of a
+//!    finished request is answered from it, with no transaction and no lock.
+//! 2. On the same connection, `BEGIN` and the migration's `<table>_claim` function in one round
+//!    trip: a transaction-scoped advisory lock on the identity, taken at once when nobody holds
+//!    it and otherwise waited for, at most the in-flight wait (`lock_timeout`, not a sleep
+//!    loop), then a check that no record appeared meanwhile. A concurrent duplicate therefore
+//!    waits for the first request's COMMIT or ROLLBACK, then sees its outcome. A record that
+//!    the read found forgotten (or a dead lease, on a re-executable route) is deleted here,
+//!    under the lock, in the same round trip.
 //! 3. The handler's own statements, on the transaction's connection ([`TxHandle`]).
-//! 4. The record, written once with its outcome, and `COMMIT`, in one round trip. Atomic mode
+//! 4. The record, written once with its outcome by the migration's `<table>_store` function (a
+//!    plain INSERT, planned once per session), and `COMMIT`, in one round trip. Atomic mode
 //!    never commits a `processing` row. The primary key decides here: if another record holds
-//!    the identity, the COMMIT does not run and the business write rolls back.
+//!    the identity, the INSERT fails, the COMMIT does not run and the business write rolls back.
+//!
+//! Against a bare `BEGIN; INSERT; COMMIT` this costs one more round trip (the read), a lock, an
+//! index probe and the record's row; `benches/pg_orders.rs` measures what that comes to.
 //!
 //! At READ COMMITTED (PostgreSQL's default) step 2 sees a record committed while it waited. At
 //! REPEATABLE READ or SERIALIZABLE its snapshot predates the wait, so a duplicate may run the
@@ -69,8 +76,8 @@ const MIGRATION_0001: &str = include_str!("../../migrations/postgres/0001_create
 /// The SQLSTATE the `_claim` function raises when a live record is in the way.
 const RECORD_EXISTS: &str = "TI001";
 
-/// The SQLSTATE the `_store` function raises when another record holds the identity.
-const OUTCOME_NOT_STORED: &str = "TI002";
+/// A unique violation; on the records table's primary key, another record holds the identity.
+const UNIQUE_VIOLATION: &str = "23505";
 
 /// A PostgreSQL-backed [`Store`].
 #[derive(Clone)]
@@ -151,52 +158,64 @@ impl PostgresStore {
 
     async fn begin_atomic(&self, request: &BeginRequest<'_>) -> Result<Begin<PgClaim>, StoreError> {
         let deadline = Instant::now() + request.wait;
+        let mut conn = self.pool.acquire().await.map_err(unavailable)?;
         // Retries of finished requests are the common case worth making cheap: one plain read,
-        // no transaction, no lock. A miss costs one round trip before the claim.
-        if let Some(answer) = sql::settle(self, request, deadline, None).await? {
-            return Ok(answer);
+        // no transaction, no lock. A new key goes on to claim on the same connection, so the
+        // miss costs one round trip and no extra trip through the pool.
+        let found = sqlx::query(self.sql.read.clone())
+            .bind(request.id.digest().as_slice())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(unavailable)?;
+        let mut replace = false;
+        if let Some(row) = found {
+            // Something is in the way: settle it without holding a connection while it waits.
+            drop(conn);
+            if let Some(answer) = sql::settle(self, request, deadline, Some(record_row(&row)?)).await? {
+                return Ok(answer);
+            }
+            // A forgotten record, or a dead lease on a re-executable route: the claim deletes
+            // it under the lock, and the outcome takes its place.
+            replace = true;
+            conn = self.pool.acquire().await.map_err(unavailable)?;
         }
         loop {
-            // BEGIN, the bounded wait for a concurrent claimant and the check for a live record,
-            // in one round trip. The check raises only when a record appeared since the read
-            // above: a concurrent duplicate.
             let lock_ms = millis(deadline.saturating_duration_since(Instant::now()));
-            let begin = self.sql.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms);
-            let conn = self.pool.acquire().await.map_err(unavailable)?;
-            let conn = match ManagedTx::begin(conn, begin).await {
+            let begin = self.sql.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms, replace);
+            let failed = match ManagedTx::begin(conn, begin).await {
                 Ok(tx) => {
-                    return Ok(Begin::Claimed(PgClaim::atomic(
-                        self,
-                        request,
-                        TxHandle::from_open(OpenTx::Managed(tx)),
-                    )));
+                    let handle = TxHandle::from_open(OpenTx::Managed(tx));
+                    return Ok(Begin::Claimed(PgClaim::atomic(self, request, handle, replace)));
                 }
-                Err((error, conn)) => match sqlstate(&error).as_deref() {
-                    Some(RECORD_EXISTS) => conn,
+                Err((error, failed)) => match sqlstate(&error).as_deref() {
+                    Some(RECORD_EXISTS) => failed,
                     Some(LOCK_NOT_AVAILABLE) => {
-                        roll_back_failed_claim(conn).await;
+                        roll_back_failed_claim(failed).await;
                         return Ok(Begin::InFlight { retry_after: Duration::from_secs(1) });
                     }
                     Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED) if Instant::now() < deadline => {
-                        roll_back_failed_claim(conn).await;
+                        roll_back_failed_claim(failed).await;
+                        conn = self.pool.acquire().await.map_err(unavailable)?;
                         continue;
                     }
                     _ => {
-                        roll_back_failed_claim(conn).await;
+                        roll_back_failed_claim(failed).await;
                         return Err(unavailable(error));
                     }
                 },
             };
-            // A live record is in the way. Roll the failed claim back and read the record in
-            // one round trip: a new statement, outside any transaction, so the read sees it
-            // whatever the isolation level.
-            let row = rollback_and_read(conn, &self.sql.read_literal(request.id)).await?;
+            // A concurrent claimant committed a record while this request waited for it. Roll
+            // the failed claim back and read the record in one round trip: a new statement,
+            // outside any transaction, so the read sees it whatever the isolation level.
+            let row = rollback_and_read(failed, &self.sql.read_literal(request.id)).await?;
+            replace = false;
             if let Some(row) = row {
                 match sql::settle(self, request, deadline, Some(row)).await? {
                     Some(answer) => return Ok(answer),
-                    None => continue,
+                    None => replace = true,
                 }
             }
+            conn = self.pool.acquire().await.map_err(unavailable)?;
         }
     }
 
@@ -221,6 +240,15 @@ impl PostgresStore {
                 return Ok(answer);
             }
         }
+    }
+
+    /// Whether `error` is the records table's primary key turning this claim's record away
+    /// (another request's record holds the identity). A unique violation of any other
+    /// constraint, such as a deferred one of the application's at COMMIT, is not.
+    fn is_identity_conflict(&self, error: &sqlx::Error) -> bool {
+        error.as_database_error().is_some_and(|e| {
+            e.code().as_deref() == Some(UNIQUE_VIOLATION) && e.constraint() == Some(&*self.sql.primary_key)
+        })
     }
 
     fn claim_statement<'q>(
@@ -289,6 +317,8 @@ pub struct PgClaim {
     retention: Retention,
     /// The bounded wait of the request, for a stored failure's fresh claim.
     wait: Duration,
+    /// Atomic: the claim deleted a forgotten record or a dead lease (so must a fresh claim).
+    replace: bool,
     handle: Option<TxHandle<Postgres>>,
     settled: bool,
 }
@@ -299,6 +329,7 @@ impl PgClaim {
         request: &BeginRequest<'_>,
         token: Option<i64>,
         handle: Option<TxHandle<Postgres>>,
+        replace: bool,
     ) -> Self {
         Self {
             store: store.clone(),
@@ -308,17 +339,18 @@ impl PgClaim {
             token,
             retention: request.retention,
             wait: request.wait,
+            replace,
             handle,
             settled: false,
         }
     }
 
-    fn atomic(store: &PostgresStore, request: &BeginRequest<'_>, handle: TxHandle<Postgres>) -> Self {
-        Self::new(store, request, None, Some(handle))
+    fn atomic(store: &PostgresStore, request: &BeginRequest<'_>, handle: TxHandle<Postgres>, replace: bool) -> Self {
+        Self::new(store, request, None, Some(handle), replace)
     }
 
     fn leased(store: &PostgresStore, request: &BeginRequest<'_>, token: i64) -> Self {
-        Self::new(store, request, Some(token), None)
+        Self::new(store, request, Some(token), None, false)
     }
 
     /// Leased: the fenced update that settles the claim.
@@ -357,25 +389,19 @@ impl PgClaim {
             }
         };
         // The record is written once, with its outcome (atomic mode never commits a
-        // `processing` row), and committed in the same round trip. The `_store` function stops
-        // the COMMIT when the primary key found another record. The trailing BEGIN opens an
-        // empty transaction that matches sqlx's bookkeeping (it still counts one open); it is
-        // rolled back when the connection returns to the pool.
+        // `processing` row), and committed in the same round trip. The primary key decides: if
+        // another record holds the identity, the INSERT fails, the COMMIT after it never runs,
+        // and the business write rolls back. The trailing BEGIN opens an empty transaction that
+        // matches sqlx's bookkeeping (it still counts one open); it is rolled back when the
+        // connection returns to the pool, in the same round trip as the pool's own check.
         let statement = format!(
-            "{store}; COMMIT; BEGIN",
-            store = self.store.sql.store_outcome_call(
-                &self.id,
-                state,
-                &self.fingerprint,
-                &response,
-                self.retention,
-                self.reexecute
-            ),
+            "{insert}; COMMIT; BEGIN",
+            insert = self.store.sql.store_outcome_call(&self.id, state, &self.fingerprint, &response, self.retention),
         );
         match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
             Ok(_) => Ok(()),
             Err(error) => {
-                let lost = sqlstate(&error).as_deref() == Some(OUTCOME_NOT_STORED);
+                let lost = self.store.is_identity_conflict(&error);
                 tx.discard().await;
                 if lost {
                     // Another request's record won: this execution's writes rolled back.
@@ -394,7 +420,7 @@ impl PgClaim {
         let store = &self.store;
         let conn = store.pool.acquire().await.map_err(|e| FinishError::Store(unavailable(e)))?;
         let policy = if self.reexecute { StaleLeasePolicy::Reexecute } else { StaleLeasePolicy::MarkUnknown };
-        let begin = store.sql.begin_claim(&self.id, &self.fingerprint, policy, millis(self.wait));
+        let begin = store.sql.begin_claim(&self.id, &self.fingerprint, policy, millis(self.wait), self.replace);
         match ManagedTx::begin(conn, begin).await {
             Ok(tx) => Ok(OpenTx::Managed(tx)),
             Err((error, conn)) => {
@@ -464,8 +490,12 @@ impl Drop for PgClaim {
 struct Statements {
     /// The read, for the simple-query protocol: `{id}` is replaced with a hex digest.
     read_template: String,
+    /// The table, qualified.
+    table: String,
     /// The `_store` function, qualified.
     store_function: String,
+    /// The table's primary key constraint: a violation of it is another record's claim.
+    primary_key: String,
     /// The `_claim` function, qualified.
     claim_function: String,
     claim: SqlStr,
@@ -507,7 +537,9 @@ impl Statements {
                         AND r.fingerprint = EXCLUDED.fingerprint) \
                  RETURNING fencing_token"
             )),
+            table: t.clone(),
             store_function: format!("\"{schema}\".\"{table}_store\""),
+            primary_key: format!("{table}_pkey"),
             claim_function: format!("\"{schema}\".\"{table}_claim\""),
             read: sql(format!("SELECT {columns} FROM {t} WHERE record_id = $1")),
             mark_unknown: sql(format!(
@@ -548,21 +580,39 @@ impl Statements {
 }
 
 impl Statements {
-    /// Atomic: BEGIN and the `_claim` function (the bounded wait for a concurrent claimant and
-    /// the check for a live record), as one simple query. The values are ours (hex digests and
-    /// integers), never the client's text.
-    fn begin_claim(&self, id: &RecordId, fingerprint: &Fingerprint, policy: StaleLeasePolicy, lock_ms: i64) -> SqlStr {
-        AssertSqlSafe(format!(
+    /// Atomic: BEGIN and the migration's `_claim` function, as one simple query: the bounded
+    /// wait for a concurrent claimant (an advisory lock, taken at once when nobody holds it) and
+    /// the check that no live record appeared meanwhile (SQLSTATE TI001 if one did). With
+    /// `replace`, a forgotten record or a dead lease on a re-executable route is then deleted
+    /// under the lock, so the outcome's INSERT can take its place. The values are ours (hex
+    /// digests and integers), never the client's text.
+    fn begin_claim(
+        &self,
+        id: &RecordId,
+        fingerprint: &Fingerprint,
+        policy: StaleLeasePolicy,
+        lock_ms: i64,
+        replace: bool,
+    ) -> SqlStr {
+        let lock_key = lock_key(id);
+        let (id, fingerprint) = (id.to_hex(), fingerprint.to_hex());
+        let reexecute = policy == StaleLeasePolicy::Reexecute;
+        // lock_timeout 0 would mean no bound at all.
+        let lock_ms = lock_ms.clamp(1, i64::from(i32::MAX));
+        let mut statement = format!(
             "BEGIN; SELECT {function}(decode('{id}', 'hex'), {lock_key}, {lock_ms}, decode('{fingerprint}', 'hex'), {reexecute})",
             function = self.claim_function,
-            id = id.to_hex(),
-            lock_key = lock_key(id),
-            // lock_timeout 0 would mean no bound at all.
-            lock_ms = lock_ms.clamp(1, i64::from(i32::MAX)),
-            fingerprint = fingerprint.to_hex(),
-            reexecute = policy == StaleLeasePolicy::Reexecute,
-        ))
-        .into_sql_str()
+        );
+        if replace {
+            statement.push_str(&format!(
+                "; DELETE FROM {table} WHERE record_id = decode('{id}', 'hex') \
+                   AND (forget_at <= clock_timestamp() \
+                        OR ({reexecute} AND state = 'processing' AND lease_until <= clock_timestamp() \
+                            AND fingerprint = decode('{fingerprint}', 'hex')))",
+                table = self.table,
+            ));
+        }
+        AssertSqlSafe(statement).into_sql_str()
     }
 
     /// The read with the identity written in (it is our hex digest, never client text).
@@ -570,9 +620,9 @@ impl Statements {
         self.read_template.replace("{id}", &id.to_hex())
     }
 
-    /// Atomic: the call that stores the outcome and the record in one row (the migration's
-    /// `<table>_store` function), for the simple-query protocol. Every value is written in as
-    /// hex or a number we produced; none is client text.
+    /// Atomic: the call of the migration's `<table>_store` function, which inserts the record
+    /// with its outcome, for the simple-query protocol. Every value is written in as hex or a
+    /// number we produced; none is client text.
     fn store_outcome_call(
         &self,
         id: &RecordId,
@@ -580,12 +630,11 @@ impl Statements {
         fingerprint: &Fingerprint,
         response: &StoredResponse,
         retention: Retention,
-        reexecute: bool,
     ) -> String {
         let keep = millis(retention.response);
         format!(
-            "SELECT {function}(decode('{id}', 'hex'), '{state}', {version}::smallint, decode('{fp}', 'hex'), \
-                 {status}::smallint, decode('{fields}', 'hex'), decode('{body}', 'hex'), {keep}, {forget}, {reexecute})",
+            "SELECT {function}(decode('{id}', 'hex'), '{state}', {version}::smallint, decode('{fp}', 'hex'), {status}::smallint, \
+                 decode('{fields}', 'hex'), decode('{body}', 'hex'), {keep}, {forget})",
             function = self.store_function,
             id = id.to_hex(),
             version = fingerprint.version(),
