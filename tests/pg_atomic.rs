@@ -173,3 +173,37 @@ async fn handle_built_from_a_plain_transaction_for_unit_tests() {
     assert!(handle.acquire().await.is_err(), "a taken handle is finished");
     assert_eq!(orders(&store).await, 0);
 }
+
+/// A claim whose record is beaten to the table (here by a writer that skips the claim's lock)
+/// stores nothing: the primary key turns its record away, the COMMIT never runs, the business
+/// write rolls back, and the claim reports the lease lost rather than an uncertain commit.
+#[tokio::test]
+async fn a_record_committed_first_by_another_writer_wins_and_the_business_write_rolls_back() {
+    use tower_idempotency::store::FinishError;
+    use tower_idempotency::{Begin, BeginRequest, Claim, Fingerprint, IdempotencyKey, Outcome, RecordId, Scope, Store};
+
+    let store = store_with_orders().await;
+    let id = RecordId::new(&Scope::new("atomic"), "POST /orders", &IdempotencyKey::new("raced").unwrap());
+    let fingerprint = Fingerprint::from_parts(tower_idempotency::fingerprint::FINGERPRINT_VERSION, [7; 32]);
+    let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fingerprint)).await.expect("begin") else {
+        panic!("a new identity must be claimed");
+    };
+    let handle = claim.handle().expect("an atomic claim hands out its transaction");
+    let mut conn = handle.acquire().await.expect("open transaction");
+    sqlx::query("INSERT INTO orders (operation_id, note) VALUES ('raced', 'mine')").execute(&mut *conn).await.unwrap();
+    drop(conn);
+    drop(handle);
+    sqlx::query(
+        "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+             response_status) VALUES (decode($1, 'hex'), 'completed', 1, $2, 0, 201)",
+    )
+    .bind(id.to_hex())
+    .bind(vec![7_u8; 32])
+    .execute(store.pool())
+    .await
+    .expect("the other writer's record");
+    let finished =
+        claim.finish(Outcome::Complete(tower_idempotency::StoredResponse::new(StatusCode::CREATED, "mine"))).await;
+    assert!(matches!(finished, Err(FinishError::LeaseLost)), "{finished:?}");
+    assert_eq!((orders(&store).await, records(&store).await), (0, 1), "only the other writer's record may remain");
+}

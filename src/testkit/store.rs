@@ -238,6 +238,27 @@ pub async fn retention_keeps_a_tombstone_then_forgets<S: Store>(store: S) {
     claim(&store, request()).await.finish(Outcome::Release).await.expect("finish");
 }
 
+/// A record past its tombstone time that no purge has removed yet is claimed afresh, and the
+/// new outcome takes its place: once as a completion, then (forgotten again) as a stored
+/// failure, which an atomic store stores under a fresh claim.
+pub async fn forgotten_record_is_taken_over_before_any_purge<S: Store>(store: S) {
+    let id = fresh_id("takeover");
+    let fp = fingerprint(13);
+    let brief = Retention { response: Duration::from_millis(200), tombstone: Duration::from_millis(300) };
+    let brief_request = || BeginRequest::new(&id, &fp).retention(brief);
+    claim(&store, brief_request()).await.finish(Outcome::Complete(answer("first"))).await.expect("finish");
+    // Well past the tombstone time, and no purge: the forgotten record is still in the table.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    claim(&store, brief_request()).await.finish(Outcome::Complete(answer("second"))).await.expect("take over");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let declined = StoredResponse::new(StatusCode::PAYMENT_REQUIRED, "declined");
+    let kept = || BeginRequest::new(&id, &fp);
+    claim(&store, kept()).await.finish(Outcome::StoreFailure(declined.clone())).await.expect("take over again");
+    let record = existing(&store, kept()).await;
+    assert_eq!(record.state, RecordState::Failed);
+    assert_eq!(record.response, Some(declined), "the newest outcome must have replaced the forgotten one");
+}
+
 /// Leased mode: each claim's fencing token is greater than the one before on the same identity.
 pub async fn fencing_tokens_increase<S: Store>(store: S) {
     let id = fresh_id("fencing");
