@@ -207,3 +207,38 @@ async fn a_record_committed_first_by_another_writer_wins_and_the_business_write_
     assert!(matches!(finished, Err(FinishError::LeaseLost)), "{finished:?}");
     assert_eq!((orders(&store).await, records(&store).await), (0, 1), "only the other writer's record may remain");
 }
+
+/// A unique violation of the application's own (here a deferred constraint, checked at COMMIT)
+/// is not mistaken for another record winning the identity: the claim reports an uncertain
+/// commit, and nothing of the claim is stored.
+#[tokio::test]
+async fn an_applications_own_unique_violation_at_commit_is_an_uncertain_commit_not_a_lost_identity() {
+    use tower_idempotency::store::FinishError;
+    use tower_idempotency::{Begin, BeginRequest, Claim, Fingerprint, IdempotencyKey, Outcome, RecordId, Scope, Store};
+
+    let store = store_with_orders().await;
+    sqlx::raw_sql(
+        "ALTER TABLE orders ADD CONSTRAINT orders_note_key UNIQUE (note) DEFERRABLE INITIALLY DEFERRED; \
+         INSERT INTO orders (operation_id, note) VALUES ('earlier', 'taken')",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let id = RecordId::new(&Scope::new("atomic"), "POST /orders", &IdempotencyKey::new("deferred").unwrap());
+    let fingerprint = Fingerprint::from_parts(tower_idempotency::fingerprint::FINGERPRINT_VERSION, [8; 32]);
+    let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fingerprint)).await.expect("begin") else {
+        panic!("a new identity must be claimed");
+    };
+    let handle = claim.handle().expect("an atomic claim hands out its transaction");
+    let mut conn = handle.acquire().await.expect("open transaction");
+    sqlx::query("INSERT INTO orders (operation_id, note) VALUES ('deferred', 'taken')")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    drop(handle);
+    let finished =
+        claim.finish(Outcome::Complete(tower_idempotency::StoredResponse::new(StatusCode::CREATED, "x"))).await;
+    assert!(matches!(finished, Err(FinishError::CommitUncertain(_))), "{finished:?}");
+    assert_eq!((orders(&store).await, records(&store).await), (1, 0), "only the earlier order may remain");
+}
