@@ -312,7 +312,7 @@ pub struct PgClaim {
     id: RecordId,
     fingerprint: Fingerprint,
     reexecute: bool,
-    /// The leased claim's fencing token; atomic claims have none until they commit.
+    /// The leased claim's fencing token; atomic claims have none (their records carry 0).
     token: Option<i64>,
     retention: Retention,
     /// The bounded wait of the request, for a stored failure's fresh claim.
