@@ -158,28 +158,28 @@ impl PostgresStore {
 
     async fn begin_atomic(&self, request: &BeginRequest<'_>) -> Result<Begin<PgClaim>, StoreError> {
         let deadline = Instant::now() + request.wait;
-        let mut conn = self.pool.acquire().await.map_err(unavailable)?;
         // Retries of finished requests are the common case worth making cheap: one plain read,
         // no transaction, no lock. A new key goes on to claim on the same connection, so the
         // miss costs one round trip and no extra trip through the pool.
-        let found = sqlx::query(self.sql.read.clone())
-            .bind(request.id.digest().as_slice())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(unavailable)?;
+        let mut conn = self.pool.acquire().await.map_err(unavailable)?;
+        let mut found = self.read_with(&mut *conn, request.id).await?;
+        let mut held = Some(conn);
+        // Whether the claim deletes a forgotten record, or a dead lease on a re-executable
+        // route, under the lock, so that the outcome can take its place.
         let mut replace = false;
-        if let Some(row) = found {
-            // Something is in the way: settle it without holding a connection while it waits.
-            drop(conn);
-            if let Some(answer) = sql::settle(self, request, deadline, Some(record_row(&row)?)).await? {
-                return Ok(answer);
-            }
-            // A forgotten record, or a dead lease on a re-executable route: the claim deletes
-            // it under the lock, and the outcome takes its place.
-            replace = true;
-            conn = self.pool.acquire().await.map_err(unavailable)?;
-        }
         loop {
+            if let Some(row) = found.take() {
+                // Something is in the way: settle it without holding a connection while it waits.
+                held = None;
+                match sql::settle(self, request, deadline, Some(row)).await? {
+                    Some(answer) => return Ok(answer),
+                    None => replace = true,
+                }
+            }
+            let conn = match held.take() {
+                Some(conn) => conn,
+                None => self.pool.acquire().await.map_err(unavailable)?,
+            };
             let lock_ms = millis(deadline.saturating_duration_since(Instant::now()));
             let begin = self.sql.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms, replace);
             let failed = match ManagedTx::begin(conn, begin).await {
@@ -195,7 +195,6 @@ impl PostgresStore {
                     }
                     Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED) if Instant::now() < deadline => {
                         roll_back_failed_claim(failed).await;
-                        conn = self.pool.acquire().await.map_err(unavailable)?;
                         continue;
                     }
                     _ => {
@@ -207,15 +206,8 @@ impl PostgresStore {
             // A concurrent claimant committed a record while this request waited for it. Roll
             // the failed claim back and read the record in one round trip: a new statement,
             // outside any transaction, so the read sees it whatever the isolation level.
-            let row = rollback_and_read(failed, &self.sql.read_literal(request.id)).await?;
             replace = false;
-            if let Some(row) = row {
-                match sql::settle(self, request, deadline, Some(row)).await? {
-                    Some(answer) => return Ok(answer),
-                    None => replace = true,
-                }
-            }
-            conn = self.pool.acquire().await.map_err(unavailable)?;
+            found = rollback_and_read(failed, &self.sql.read_literal(request.id)).await?;
         }
     }
 
@@ -264,14 +256,25 @@ impl PostgresStore {
     }
 }
 
-impl RecordAccess for PostgresStore {
-    async fn read(&self, id: &RecordId) -> Result<Option<RecordRow>, StoreError> {
+impl PostgresStore {
+    /// The record of `id`, read with `executor` (the pool, or a connection about to claim).
+    async fn read_with<'e>(
+        &self,
+        executor: impl sqlx::Executor<'e, Database = Postgres>,
+        id: &RecordId,
+    ) -> Result<Option<RecordRow>, StoreError> {
         let row = sqlx::query(self.sql.read.clone())
             .bind(id.digest().as_slice())
-            .fetch_optional(&self.pool)
+            .fetch_optional(executor)
             .await
             .map_err(unavailable)?;
         row.as_ref().map(record_row).transpose()
+    }
+}
+
+impl RecordAccess for PostgresStore {
+    async fn read(&self, id: &RecordId) -> Result<Option<RecordRow>, StoreError> {
+        self.read_with(&self.pool, id).await
     }
 
     async fn mark_unknown(&self, id: &RecordId, token: i64) -> Result<bool, StoreError> {
