@@ -16,12 +16,14 @@
 //! (PostgreSQL must be running; `DATABASE_URL` overrides the server, default
 //! `postgres://postgres@127.0.0.1:5432/test`).
 
+#[path = "support/bench_db.rs"]
+mod bench_db;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
@@ -34,6 +36,8 @@ mod proto {
 use proto::things_client::ThingsClient;
 use proto::things_server::{Things, ThingsServer};
 use proto::{CreateThing, Thing};
+
+use bench_db::BenchDatabase;
 
 const CONCURRENCY: usize = 16;
 const CONNECTIONS: usize = 4;
@@ -184,38 +188,14 @@ fn retry(name: &'static str, n: u64) -> String {
     format!("{}-{}", name.replace(' ', "-"), n % 1000)
 }
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// A fresh database for the PostgreSQL scenarios; dropped at the end.
-async fn fresh_database() -> (PgPool, String) {
-    let base = database_url();
-    let name = format!("tidem_grpc_bench_{}", std::process::id());
-    let admin = PgPool::connect(&base).await.expect("PostgreSQL must be running");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.expect("create");
-    admin.close().await;
-    let url = format!("{}/{name}", &base[..base.rfind('/').expect("a database URL with a path")]);
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(32).connect(&url).await.expect("connect");
-    (pool, name)
-}
-
-async fn drop_database(name: &str) {
-    let admin = PgPool::connect(&database_url()).await.expect("PostgreSQL");
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
-        .execute(&admin)
-        .await
-        .expect("drop the bench database");
-}
-
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
         let bare = serve_bare().await;
         let passthrough = serve_with(MemoryStore::new(), "/conformance.v1.Things/Unguarded").await;
         let memory = serve_with(MemoryStore::new(), METHOD).await;
-        let (pool, database) = fresh_database().await;
-        let store = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
+        let database = BenchDatabase::create("tidem_grpc_bench", 32).await;
+        let store = PostgresStore::new(database.pool.clone()).mode(CouplingMode::Atomic);
         store.migrate().await.expect("migrate");
         let pg = serve_with(store, METHOD).await;
 
@@ -254,7 +234,6 @@ fn main() {
                 throughput / base
             );
         }
-        pool.close().await;
-        drop_database(&database).await;
+        database.drop().await;
     });
 }

@@ -13,21 +13,21 @@
 //! Run with `cargo bench --bench pg_orders --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server, default `postgres://postgres@127.0.0.1:5432/test`).
 
+#[path = "support/bench_db.rs"]
+mod bench_db;
 #[path = "support/http_load.rs"]
 mod http_load;
+#[path = "support/orders_app.rs"]
+mod orders_app;
 
-use http_load::KeyOf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::State;
-use axum::routing::post;
-use http::{Request, StatusCode};
-use sqlx::{PgPool, Postgres};
-use tower_idempotency::{CouplingMode, IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, TxHandle};
+use bench_db::BenchDatabase;
+use http_load::KeyOf;
+use orders_app::{BODY, serve};
+use tower_idempotency::{CouplingMode, IdempotencyLayer, PostgresStore};
 
 const CONCURRENCY: usize = 32;
 const WARM_UP: Duration = Duration::from_secs(2);
@@ -36,61 +36,6 @@ const MEASURE: Duration = Duration::from_secs(3);
 /// Rounds, unless `PG_ORDERS_ROUNDS` says otherwise.
 const ROUNDS: usize = 5;
 const POOL: u32 = 40;
-
-const BODY: &str = "{\"sku\":\"book-42\",\"quantity\":1,\"amount_minor\":129900,\"currency\":\"EUR\"}";
-
-/// The one handler of every scenario: writes the order through the claim's transaction when
-/// the layer hands one out, else in a transaction of its own.
-async fn create_order(
-    State(pool): State<PgPool>,
-    context: Option<IdempotencyContext>,
-    tx: Option<TxHandle<Postgres>>,
-    body: String,
-) -> (StatusCode, [(&'static str, String); 2], String) {
-    let order_id = uuid::Uuid::new_v4();
-    let operation_id = context.as_ref().map_or("", |c| c.operation_id()).to_owned();
-    let insert = sqlx::query("INSERT INTO bench_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
-        .bind(order_id.to_string())
-        .bind(operation_id)
-        .bind(&body);
-    match tx {
-        Some(tx) => {
-            let mut conn = tx.acquire().await.expect("claim transaction");
-            insert.execute(&mut *conn).await.expect("insert");
-        }
-        None => {
-            let mut own = pool.begin().await.expect("begin");
-            insert.execute(&mut *own).await.expect("insert");
-            own.commit().await.expect("commit");
-        }
-    }
-    let json = format!("{{\"order_id\":\"{order_id}\",\"body\":{body}}}");
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json".to_owned()), ("location", format!("/orders/{order_id}"))],
-        json,
-    )
-}
-
-async fn authenticate(mut request: Request<Body>, next: axum::middleware::Next) -> axum::response::Response {
-    request.extensions_mut().insert(Scope::new("bench-account"));
-    next.run(request).await
-}
-
-fn router(pool: PgPool, layer: Option<IdempotencyLayer<PostgresStore>>) -> Router {
-    let route = match layer {
-        Some(layer) => post(create_order).layer(layer),
-        None => post(create_order),
-    };
-    Router::new().route("/orders", route).layer(axum::middleware::from_fn(authenticate)).with_state(pool)
-}
-
-async fn serve(app: Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
 
 /// One scenario's runs, over all rounds.
 struct Measured {
@@ -161,37 +106,21 @@ fn ratio_over_rounds(numerator: &Measured, denominator: &Measured) -> (f64, f64,
     (ratios[ratios.len() / 2], ratios[0], ratios[ratios.len() - 1])
 }
 
-async fn fresh_pool() -> (PgPool, String) {
-    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let name = format!("tidem_bench_{}", std::process::id());
-    let admin = PgPool::connect(&base).await.expect("PostgreSQL must be running");
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\""))).execute(&admin).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.unwrap();
-    let url = format!("{}/{name}", &base[..base.rfind('/').unwrap()]);
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(POOL).connect(&url).await.unwrap();
-    sqlx::raw_sql(
-        "CREATE TABLE bench_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL, \
-         created_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    (pool, name)
-}
-
 fn main() {
     let rounds: usize = std::env::var("PG_ORDERS_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
-        let (pool, database) = fresh_pool().await;
+        let database = BenchDatabase::create("tidem_bench", POOL).await;
+        let pool = database.pool.clone();
+        orders_app::create_orders_table(&pool).await;
         let atomic = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
         atomic.migrate().await.unwrap();
         let leased = atomic.clone().leased();
         let unique = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{n}")) };
 
-        let bare = serve(router(pool.clone(), None)).await;
-        let with_atomic = serve(router(pool.clone(), Some(IdempotencyLayer::new(atomic.clone())))).await;
-        let with_leased = serve(router(pool.clone(), Some(IdempotencyLayer::new(leased)))).await;
+        let bare = serve::<PostgresStore>(pool.clone(), None).await;
+        let with_atomic = serve(pool.clone(), Some(IdempotencyLayer::new(atomic.clone()))).await;
+        let with_leased = serve(pool.clone(), Some(IdempotencyLayer::new(leased))).await;
         let scenarios = [
             Scenario::new("no layer", bare, unique("bare")),
             Scenario::new("atomic", with_atomic, unique("atomic")),
@@ -236,14 +165,6 @@ fn main() {
             );
         }
 
-        pool.close().await;
-        let admin = PgPool::connect(
-            &std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
-        )
-        .await
-        .unwrap();
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)")))
-            .execute(&admin)
-            .await;
+        database.drop().await;
     });
 }

@@ -15,21 +15,22 @@
 //! (`DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`); Redis is a
 //! `redis-server` the benchmark starts on a free loopback port, or `REDIS_URL` if set.
 
+#[path = "support/bench_db.rs"]
+mod bench_db;
 #[path = "support/http_load.rs"]
 mod http_load;
+#[path = "support/orders_app.rs"]
+mod orders_app;
 
-use http_load::KeyOf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Body;
-use axum::routing::post;
-use http::{Request, StatusCode};
-use sqlx::{PgPool, Postgres};
-use tower_idempotency::{FastPath, IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, Store, TxHandle};
+use bench_db::BenchDatabase;
+use http_load::KeyOf;
+use orders_app::{BODY, serve};
+use tower_idempotency::{FastPath, IdempotencyLayer, PostgresStore};
 
 const CONCURRENCY: usize = 32;
 const WARM_UP: Duration = Duration::from_secs(1);
@@ -42,50 +43,6 @@ const ROUND_MEASURE: Duration = Duration::from_millis(1500);
 const POOL: u32 = 40;
 /// Completed keys the replay scenarios retry.
 const REPLAYED_KEYS: u64 = 1000;
-
-const BODY: &str = "{\"sku\":\"book-42\",\"quantity\":1,\"amount_minor\":129900,\"currency\":\"EUR\"}";
-
-/// Writes the order through the claim's transaction.
-async fn create_order(
-    context: IdempotencyContext,
-    tx: TxHandle<Postgres>,
-    body: String,
-) -> (StatusCode, [(&'static str, String); 2], String) {
-    let order_id = uuid::Uuid::new_v4();
-    {
-        let mut conn = tx.acquire().await.expect("claim transaction");
-        sqlx::query("INSERT INTO bench_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
-            .bind(order_id.to_string())
-            .bind(context.operation_id())
-            .bind(&body)
-            .execute(&mut *conn)
-            .await
-            .expect("insert");
-    }
-    let json = format!("{{\"order_id\":\"{order_id}\",\"body\":{body}}}");
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json".to_owned()), ("location", format!("/orders/{order_id}"))],
-        json,
-    )
-}
-
-async fn authenticate(mut request: Request<Body>, next: axum::middleware::Next) -> axum::response::Response {
-    request.extensions_mut().insert(Scope::new("bench-account"));
-    next.run(request).await
-}
-
-fn router<St: Store>(store: St) -> Router {
-    let route = post(create_order).layer(IdempotencyLayer::new(store));
-    Router::new().route("/orders", route).layer(axum::middleware::from_fn(authenticate))
-}
-
-async fn serve(app: Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
 
 struct Measured {
     name: &'static str,
@@ -164,29 +121,6 @@ async fn load(
     Measured { name, requests: latencies.len(), elapsed, latencies, cpu }
 }
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-async fn fresh_pool() -> (PgPool, String) {
-    let base = database_url();
-    let name = format!("tidem_rbench_{}", std::process::id());
-    let admin = PgPool::connect(&base).await.expect("PostgreSQL must be running");
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\""))).execute(&admin).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.unwrap();
-    admin.close().await;
-    let url = format!("{}/{name}", &base[..base.rfind('/').unwrap()]);
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(POOL).connect(&url).await.unwrap();
-    sqlx::raw_sql(
-        "CREATE TABLE bench_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL, \
-         created_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    (pool, name)
-}
-
 /// `REDIS_URL`, or a `redis-server` of our own on a free loopback port (killed at the end).
 fn redis() -> (String, Option<Child>) {
     if let Ok(url) = std::env::var("REDIS_URL") {
@@ -212,14 +146,16 @@ fn main() {
     let redis_pid = redis_server.as_ref().map(Child::id);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
-        let (pool, database) = fresh_pool().await;
+        let database = BenchDatabase::create("tidem_rbench", POOL).await;
+        let pool = database.pool.clone();
+        orders_app::create_orders_table(&pool).await;
         let store = PostgresStore::new(pool.clone());
         store.migrate().await.unwrap();
         let prefix = format!("tidem_bench_{}", std::process::id());
         let fast = FastPath::connect(store.clone(), &redis_url).await.unwrap().prefix(&prefix).unwrap();
 
-        let plain = serve(router(store.clone())).await;
-        let with_fast = serve(router(fast.clone())).await;
+        let plain = serve(pool.clone(), Some(IdempotencyLayer::new(store.clone()))).await;
+        let with_fast = serve(pool.clone(), Some(IdempotencyLayer::new(fast.clone()))).await;
         let (pg_keys, fast_keys) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let unique = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{n}")) };
         let replay = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{}", n % REPLAYED_KEYS)) };
@@ -303,11 +239,7 @@ fn main() {
             stats.misses - misses_before
         );
 
-        pool.close().await;
-        let admin = PgPool::connect(&database_url()).await.unwrap();
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)")))
-            .execute(&admin)
-            .await;
+        database.drop().await;
     });
     if let Some(server) = redis_server.as_mut() {
         let _ = server.kill();
