@@ -337,7 +337,7 @@ async fn with_fast_path<St: Store>(state: AppState, store: St) -> Result<Router,
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
@@ -651,6 +651,17 @@ impl OrderDraft {
             currency: validate_currency(body.currency)?,
         })
     }
+
+    /// Validates fields that arrive already typed (the gRPC example's message), by the same
+    /// rules; `amount_minor` is its decimal digits. The error names the field.
+    pub fn from_fields(sku: String, quantity: i64, amount_minor: String, currency: String) -> Result<Self, String> {
+        Ok(Self {
+            sku: validate_sku(sku)?,
+            quantity: validate_quantity(quantity)?,
+            amount_minor: AmountMinor::from_digits(amount_minor)?,
+            currency: validate_currency(currency)?,
+        })
+    }
 }
 
 fn validate_sku(sku: String) -> Result<String, String> {
@@ -702,9 +713,15 @@ impl AmountMinor {
         Ok(Self(raw))
     }
 
-    /// An amount read back from the database, where it is kept as its digits.
+    /// An amount given as its decimal digits: a database column, or a gRPC field.
     pub fn from_digits(digits: String) -> Result<Self, String> {
-        let raw = RawValue::from_string(digits).map_err(|error| format!("stored amount_minor is not JSON: {error}"))?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err("amount_minor must be a whole number of minor units, as decimal digits without a sign, \
+                        fraction or exponent"
+                .to_owned());
+        }
+        let raw =
+            RawValue::from_string(digits).map_err(|error| format!("amount_minor is not a JSON number: {error}"))?;
         Self::parse(raw)
     }
 
