@@ -393,15 +393,10 @@ fn string_escaped(
     Some(i + 1)
 }
 
-/// A number starting at `start` (`-` or a digit). Plain integers that are
-/// already canonical are recorded in place; the rest go to [`number_slow`].
+/// Where the integer part of a number that starts at `i` ends: a lone `0`, or a non-zero digit
+/// and any digits after it. `None` if no digit is there.
 #[inline(always)]
-fn number(input: &[u8], start: usize, tape: &mut Vec<Node>, arena: &mut Vec<u8>) -> Option<usize> {
-    let mut i = start;
-    if input[i] == b'-' {
-        i += 1;
-    }
-    let int_start = i;
+fn integer_end(input: &[u8], mut i: usize) -> Option<usize> {
     match input.get(i) {
         Some(b'0') => i += 1,
         Some(b'1'..=b'9') => {
@@ -412,6 +407,19 @@ fn number(input: &[u8], start: usize, tape: &mut Vec<Node>, arena: &mut Vec<u8>)
         }
         _ => return None,
     }
+    Some(i)
+}
+
+/// A number starting at `start` (`-` or a digit). Plain integers that are
+/// already canonical are recorded in place; the rest go to [`number_slow`].
+#[inline(always)]
+fn number(input: &[u8], start: usize, tape: &mut Vec<Node>, arena: &mut Vec<u8>) -> Option<usize> {
+    let mut i = start;
+    if input[i] == b'-' {
+        i += 1;
+    }
+    let int_start = i;
+    i = integer_end(input, i)?;
     match input.get(i) {
         Some(b'.') => return decimal(input, start, int_start, i, tape, arena),
         Some(b'e' | b'E') => return number_slow(input, start, tape, arena),
@@ -477,16 +485,7 @@ fn number_slow(input: &[u8], start: usize, tape: &mut Vec<Node>, arena: &mut Vec
         i += 1;
     }
     let int_start = i;
-    match input.get(i) {
-        Some(b'0') => i += 1,
-        Some(b'1'..=b'9') => {
-            i += 1;
-            while let Some(b'0'..=b'9') = input.get(i) {
-                i += 1;
-            }
-        }
-        _ => return None,
-    }
+    i = integer_end(input, i)?;
     let int = &input[int_start..i];
     let mut frac: &[u8] = &[];
     if input.get(i) == Some(&b'.') {
