@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::server::{Server, free_port, fresh_database, post_order};
+use support::server::{Server, free_port, fresh_database, orders_per_operation, post_order};
 use tower_idempotency::{IdempotencyKey, RecordId, Scope};
 
 const CLIENTS: usize = 8;
@@ -117,12 +117,7 @@ fn orders_survive_sigkill_at_random_moments() {
         }
 
         // The verdict, from the database and from a final retry of every key.
-        let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
-        let rows: Vec<(String, i64)> =
-            sqlx::query_as("SELECT idempotency_operation_id, count(*) FROM orders GROUP BY 1")
-                .fetch_all(&pool)
-                .await
-                .unwrap();
+        let rows = orders_per_operation(&database_url).await;
         let orders: HashMap<String, i64> = rows.into_iter().collect();
         let mut acknowledged = 0;
         for (key, seen) in &seen {
@@ -146,7 +141,6 @@ fn orders_survive_sigkill_at_random_moments() {
              first answer was lost), {total_orders} orders, {retries} retries",
             seen.len(),
         );
-        pool.close().await;
     });
 }
 

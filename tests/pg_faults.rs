@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::server::{Server, free_port, fresh_database, post_order};
+use support::server::{Server, free_port, fresh_database, orders_per_operation, post_order};
 use tower_idempotency::{IdempotencyKey, RecordId, Scope};
 
 const CLIENTS: usize = 6;
@@ -96,12 +96,7 @@ fn terminated_database_backends_never_duplicate_an_order() {
         stop.store(true, Ordering::Relaxed);
         let (rounds, terminated) = killer.await.unwrap();
 
-        let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
-        let rows: Vec<(String, i64)> =
-            sqlx::query_as("SELECT idempotency_operation_id, count(*) FROM orders GROUP BY 1")
-                .fetch_all(&pool)
-                .await
-                .unwrap();
+        let rows = orders_per_operation(&database_url).await;
         assert!(rows.iter().all(|(_, n)| *n == 1), "a key created more than one order: {rows:?}");
         assert_eq!(rows.len(), CLIENTS * KEYS_PER_CLIENT, "every acknowledged key has its order");
         for (key, body) in &acknowledged {
@@ -124,7 +119,6 @@ fn terminated_database_backends_never_duplicate_an_order() {
             unavailable.load(Ordering::Relaxed),
             rows.len()
         );
-        pool.close().await;
         admin.close().await;
     });
 }

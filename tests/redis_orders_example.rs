@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 
 use support::redis::RedisServer;
-use support::server::{fresh_database, orders_binary, post_order};
+use support::server::{fresh_database, orders_binary, orders_per_operation, post_order};
 
 const ACCOUNT: &str = "acct_redis";
 
@@ -91,14 +91,8 @@ fn the_orders_service_uses_the_fast_path_when_redis_url_is_set() {
         }
         assert!(!bodies.is_empty() && bodies.iter().all(|b| *b == bodies[0]), "one order, replayed to every 201");
 
-        let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
-        let rows: Vec<(String, i64)> =
-            sqlx::query_as("SELECT idempotency_operation_id, count(*) FROM orders GROUP BY 1")
-                .fetch_all(&pool)
-                .await
-                .unwrap();
+        let rows = orders_per_operation(&database_url).await;
         assert_eq!(rows.len(), 2, "two keys, two orders: {rows:?}");
         assert!(rows.iter().all(|(_, n)| *n == 1), "{rows:?}");
-        pool.close().await;
     });
 }

@@ -149,3 +149,15 @@ pub async fn fresh_database(prefix: &str) -> String {
     let cut = base.rfind('/').expect("a database URL with a path");
     format!("{}/{name}", &base[..cut])
 }
+
+/// How many orders each idempotency operation created, in the orders example's database at
+/// `database_url`: the verdict of the tests that attack the example.
+pub async fn orders_per_operation(database_url: &str) -> Vec<(String, i64)> {
+    let pool = sqlx::PgPool::connect(database_url).await.expect("connect to the example's database");
+    let rows = sqlx::query_as("SELECT idempotency_operation_id, count(*) FROM orders GROUP BY 1")
+        .fetch_all(&pool)
+        .await
+        .expect("count the orders");
+    pool.close().await;
+    rows
+}
