@@ -25,11 +25,7 @@ fn storm_of_identical_requests_creates_exactly_one_order_per_key() {
 
         let answers = support::storm::storm(&app, "storm", KEYS, DUPLICATES, KEYS_AT_ONCE).await;
 
-        let rows: Vec<(String, i64)> =
-            sqlx::query_as("SELECT operation_id, count(*) FROM storm_orders GROUP BY operation_id")
-                .fetch_all(store.pool())
-                .await
-                .unwrap();
+        let rows = support::storm::orders_per_operation(store.pool()).await;
         assert_eq!(rows.len(), KEYS, "every key must have created an order");
         assert!(rows.iter().all(|(_, n)| *n == 1), "some key created more than one order: {rows:?}");
 

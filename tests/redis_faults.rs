@@ -39,15 +39,7 @@ async fn create_order(
     tx: TxHandle<Postgres>,
     body: String,
 ) -> (StatusCode, String) {
-    let order_id = uuid::Uuid::new_v4();
-    let mut conn = tx.acquire().await.expect("the claim's transaction");
-    sqlx::query("INSERT INTO fault_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
-        .bind(order_id.to_string())
-        .bind(context.operation_id())
-        .bind(&body)
-        .execute(&mut *conn)
-        .await
-        .expect("insert the order");
+    let order_id = support::storm::insert_order(&context, &tx, &body).await;
     (StatusCode::CREATED, format!("{{\"order_id\":\"{order_id}\",\"pad\":\"{}\"}}", "x".repeat(pad)))
 }
 
@@ -64,12 +56,7 @@ struct Seen {
 /// Runs the clients until `stop`, then checks the orders and the answers.
 async fn load(fast: FastPath<PostgresStore>, pad: usize, stop: Arc<AtomicBool>) -> Seen {
     let store = fast.inner().clone();
-    sqlx::raw_sql(
-        "CREATE TABLE fault_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL)",
-    )
-    .execute(store.pool())
-    .await
-    .expect("orders table");
+    sqlx::raw_sql(support::storm::CREATE_TABLE).execute(store.pool()).await.expect("orders table");
     let layer = IdempotencyLayer::new(fast).shared_scope("faults").operation("faults.create");
     let app = Router::new().route("/orders", post(create_order).layer(layer)).with_state(pad);
     let send = |app: Router, key: String| async move {
@@ -148,10 +135,7 @@ async fn load(fast: FastPath<PostgresStore>, pad: usize, stop: Arc<AtomicBool>) 
         seen.replays += client.replays;
     }
 
-    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT operation_id, count(*) FROM fault_orders GROUP BY 1")
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
+    let rows = support::storm::orders_per_operation(store.pool()).await;
     assert!(rows.iter().all(|(_, n)| *n == 1), "a key created more than one order: {rows:?}");
     assert_eq!(rows.len(), seen.acknowledged.len(), "every acknowledged key has exactly its one order");
     seen

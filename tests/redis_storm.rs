@@ -101,11 +101,7 @@ async fn storm<St: Store>(label: &str, orders: &PostgresStore, layer_store: St, 
     stop.store(true, Ordering::Relaxed);
     let peaks = watcher.await.unwrap();
 
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT operation_id, count(*) FROM storm_orders GROUP BY operation_id")
-            .fetch_all(orders.pool())
-            .await
-            .unwrap();
+    let rows = support::storm::orders_per_operation(orders.pool()).await;
     assert_eq!(rows.len(), keys, "{label}: every key must have created an order");
     assert!(rows.iter().all(|(_, n)| *n == 1), "{label}: some key created more than one order: {rows:?}");
     let conflicts = support::storm::check_answers(&answers, DUPLICATES);

@@ -16,6 +16,25 @@ use tower::ServiceExt;
 pub const CREATE_TABLE: &str =
     "CREATE TABLE storm_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL)";
 
+/// Inserts an order through the claim's transaction; its id.
+#[cfg(feature = "postgres")]
+pub async fn insert_order(
+    context: &tower_idempotency::IdempotencyContext,
+    tx: &tower_idempotency::TxHandle<sqlx::Postgres>,
+    body: &str,
+) -> uuid::Uuid {
+    let order_id = uuid::Uuid::new_v4();
+    let mut conn = tx.acquire().await.expect("the claim's transaction");
+    sqlx::query("INSERT INTO storm_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
+        .bind(order_id.to_string())
+        .bind(context.operation_id())
+        .bind(body)
+        .execute(&mut *conn)
+        .await
+        .expect("insert the order");
+    order_id
+}
+
 /// The storms' handler: writes an order through the claim's transaction and answers with its id.
 #[cfg(feature = "postgres")]
 pub async fn create_order(
@@ -23,16 +42,17 @@ pub async fn create_order(
     tx: tower_idempotency::TxHandle<sqlx::Postgres>,
     body: String,
 ) -> (StatusCode, String) {
-    let order_id = uuid::Uuid::new_v4();
-    let mut conn = tx.acquire().await.expect("the claim's transaction");
-    sqlx::query("INSERT INTO storm_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
-        .bind(order_id.to_string())
-        .bind(context.operation_id())
-        .bind(&body)
-        .execute(&mut *conn)
-        .await
-        .expect("insert the order");
+    let order_id = insert_order(&context, &tx, &body).await;
     (StatusCode::CREATED, format!("{{\"order_id\":\"{order_id}\"}}"))
+}
+
+/// How many orders each operation created.
+#[cfg(feature = "postgres")]
+pub async fn orders_per_operation(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
+    sqlx::query_as("SELECT operation_id, count(*) FROM storm_orders GROUP BY operation_id")
+        .fetch_all(pool)
+        .await
+        .expect("count the orders")
 }
 
 /// One answer: status, whether it was a replay, body.
