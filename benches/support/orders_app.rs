@@ -1,13 +1,15 @@
 //! The `POST /orders` service the HTTP benchmarks load: one handler that writes an order to
-//! `bench_orders`, behind an optional idempotency layer, on a loopback port.
+//! `bench_orders`, behind an optional idempotency layer, on a loopback port; and, for the
+//! PostgreSQL benchmark's floor, the same handler writing a record of its answer by hand.
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::post;
-use http::{Request, StatusCode};
+use http::{HeaderMap, Request, StatusCode};
+use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Postgres};
-use tower_idempotency::{IdempotencyContext, IdempotencyLayer, Scope, Store, TxHandle};
+use tower_idempotency::{IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, Store, TxHandle};
 
 /// The order every request posts.
 pub const BODY: &str = "{\"sku\":\"book-42\",\"quantity\":1,\"amount_minor\":129900,\"currency\":\"EUR\"}";
@@ -56,6 +58,48 @@ async fn create_order(
     )
 }
 
+/// The table the floor's handler keeps its records in: the layer's own table shape, made by
+/// the store's migration under another name.
+const FLOOR_RECORDS: &str = "floor_records";
+
+/// The floor: the same order, and in the same transaction a row of the answer in a table of
+/// the layer's shape ([`FLOOR_RECORDS`]), written with prepared statements. No read first, no
+/// lock, no fingerprint check: the least a handler pays to keep its answer with its order.
+async fn create_order_and_record(
+    State(pool): State<PgPool>,
+    headers: HeaderMap,
+    body: String,
+) -> (StatusCode, [(&'static str, String); 2], String) {
+    let key = headers.get("idempotency-key").map_or(&[][..], |key| key.as_bytes());
+    let order_id = uuid::Uuid::new_v4();
+    let location = format!("/orders/{order_id}");
+    let json = format!("{{\"order_id\":\"{order_id}\",\"body\":{body}}}");
+    let kept_headers = format!("content-type: application/json\nlocation: {location}");
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("INSERT INTO bench_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
+        .bind(order_id.to_string())
+        .bind("")
+        .bind(&body)
+        .execute(&mut *tx)
+        .await
+        .expect("insert the order");
+    sqlx::query(
+        "INSERT INTO floor_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+             response_status, response_headers, response_body, response_until, forget_at) \
+         VALUES ($1, 'completed', 1, $2, 0, 201, $3, $4, clock_timestamp() + interval '1 day', \
+             clock_timestamp() + interval '2 days')",
+    )
+    .bind(Sha256::digest(key).to_vec())
+    .bind(Sha256::digest(body.as_bytes()).to_vec())
+    .bind(kept_headers.into_bytes())
+    .bind(json.as_bytes())
+    .execute(&mut *tx)
+    .await
+    .expect("insert the record");
+    tx.commit().await.expect("commit");
+    (StatusCode::CREATED, [("content-type", "application/json".to_owned()), ("location", location)], json)
+}
+
 async fn authenticate(mut request: Request<Body>, next: axum::middleware::Next) -> axum::response::Response {
     request.extensions_mut().insert(Scope::new("bench-account"));
     next.run(request).await
@@ -67,7 +111,19 @@ pub async fn serve<S: Store>(pool: PgPool, layer: Option<IdempotencyLayer<S>>) -
         Some(layer) => post(create_order).layer(layer),
         None => post(create_order),
     };
-    let app = Router::new().route("/orders", route).layer(axum::middleware::from_fn(authenticate)).with_state(pool);
+    listen(Router::new().route("/orders", route).layer(axum::middleware::from_fn(authenticate)).with_state(pool)).await
+}
+
+/// Creates the floor's records table and serves the floor's `POST /orders` (no layer; the
+/// handler writes its own record) on a loopback port; its address.
+#[allow(dead_code)] // Only the PostgreSQL benchmark measures the floor.
+pub async fn serve_floor(pool: PgPool) -> std::net::SocketAddr {
+    let records = PostgresStore::new(pool.clone()).table(FLOOR_RECORDS).expect("a valid table name");
+    records.migrate().await.expect("create the floor's records table");
+    listen(Router::new().route("/orders", post(create_order_and_record)).with_state(pool)).await
+}
+
+async fn listen(app: Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
     let addr = listener.local_addr().expect("bound address");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });

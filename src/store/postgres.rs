@@ -521,7 +521,7 @@ impl Statements {
                        COALESCE(forget_at <= clock_timestamp(), false), \
                        response_status, response_headers, response_body";
         Self {
-            read_template: format!("SELECT {columns} FROM {t} WHERE record_id = decode('{{id}}', 'hex')"),
+            read_template: format!("SELECT {columns} FROM {t} WHERE record_id = {}", bytea_literal("{id}")),
             // Claims a new identity, or takes over a forgotten record, or (when the route is
             // re-executable) a dead holder's lease on the same request. Any other existing row
             // returns nothing; a concurrent claimant's uncommitted row makes this wait.
@@ -598,20 +598,20 @@ impl Statements {
         replace: bool,
     ) -> SqlStr {
         let lock_key = lock_key(id);
-        let (id, fingerprint) = (id.to_hex(), fingerprint.to_hex());
+        let (id, fingerprint) = (bytea_literal(&id.to_hex()), bytea_literal(&fingerprint.to_hex()));
         let reexecute = policy == StaleLeasePolicy::Reexecute;
         // lock_timeout 0 would mean no bound at all.
         let lock_ms = lock_ms.clamp(1, i64::from(i32::MAX));
         let mut statement = format!(
-            "BEGIN; SELECT {function}(decode('{id}', 'hex'), {lock_key}, {lock_ms}, decode('{fingerprint}', 'hex'), {reexecute})",
+            "BEGIN; SELECT {function}({id}, {lock_key}, {lock_ms}, {fingerprint}, {reexecute})",
             function = self.claim_function,
         );
         if replace {
             statement.push_str(&format!(
-                "; DELETE FROM {table} WHERE record_id = decode('{id}', 'hex') \
+                "; DELETE FROM {table} WHERE record_id = {id} \
                    AND (forget_at <= clock_timestamp() \
                         OR ({reexecute} AND state = 'processing' AND lease_until <= clock_timestamp() \
-                            AND fingerprint = decode('{fingerprint}', 'hex')))",
+                            AND fingerprint = {fingerprint}))",
                 table = self.table,
             ));
         }
@@ -636,18 +636,25 @@ impl Statements {
     ) -> String {
         let keep = millis(retention.response);
         format!(
-            "SELECT {function}(decode('{id}', 'hex'), '{state}', {version}::smallint, decode('{fp}', 'hex'), {status}::smallint, \
-                 decode('{fields}', 'hex'), decode('{body}', 'hex'), {keep}, {forget})",
+            "SELECT {function}({id}, '{state}', {version}::smallint, {fp}, {status}::smallint, {fields}, {body}, \
+                 {keep}, {forget})",
             function = self.store_function,
-            id = id.to_hex(),
+            id = bytea_literal(&id.to_hex()),
             version = fingerprint.version(),
-            fp = fingerprint.to_hex(),
+            fp = bytea_literal(&fingerprint.to_hex()),
             status = response.status.as_u16(),
-            fields = crate::hex::encode(&response.encode_fields()),
-            body = crate::hex::encode(&response.body),
+            fields = bytea_literal(&crate::hex::encode(&response.encode_fields())),
+            body = bytea_literal(&crate::hex::encode(&response.body)),
             forget = keep.saturating_add(millis(retention.tombstone)),
         )
     }
+}
+
+/// A bytea literal of hex digits, for the simple-query protocol: an escape string, so that it
+/// reads the same whatever `standard_conforming_strings` says, and a constant the parser takes
+/// as it is (a `decode(..)` call would cost a function lookup on every statement).
+fn bytea_literal(hex: &str) -> String {
+    format!("E'\\\\x{hex}'::bytea")
 }
 
 fn record_row(row: &PgRow) -> Result<RecordRow, StoreError> {
