@@ -7,6 +7,9 @@
 //!   fingerprint, no buffering): only the extra row that keeps the answer with the order. So
 //!   `floor / no layer` is what that row alone costs on this machine, and bounds what
 //!   `atomic / no layer` can reach here;
+//! - `memory`: the layer over `MemoryStore`, the handler writing in its own transaction: the
+//!   layer's own work (buffering, fingerprint, capture, replay bookkeeping) with no store round
+//!   trips, so `memory / no layer` is what that work costs;
 //! - `atomic`: the layer in atomic mode; the handler writes through the claim's transaction;
 //! - `leased`: the layer in leased mode; the handler writes in its own transaction;
 //! - `replay`: the layer in atomic mode, every request a retry of a completed key.
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 use bench_db::BenchDatabase;
 use http_load::KeyOf;
 use orders_app::{BODY, serve, serve_floor};
-use tower_idempotency::{CouplingMode, IdempotencyLayer, PostgresStore};
+use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore};
 
 const CONCURRENCY: usize = 32;
 const WARM_UP: Duration = Duration::from_secs(2);
@@ -126,11 +129,13 @@ fn main() {
 
         let bare = serve::<PostgresStore>(pool.clone(), None).await;
         let floor = serve_floor(pool.clone()).await;
+        let with_memory = serve(pool.clone(), Some(IdempotencyLayer::new(MemoryStore::new()))).await;
         let with_atomic = serve(pool.clone(), Some(IdempotencyLayer::new(atomic.clone()))).await;
         let with_leased = serve(pool.clone(), Some(IdempotencyLayer::new(leased))).await;
         let scenarios = [
             Scenario::new("no layer", bare, unique("bare")),
             Scenario::new("floor", floor, unique("floor")),
+            Scenario::new("memory", with_memory, unique("memory")),
             Scenario::new("atomic", with_atomic, unique("atomic")),
             Scenario::new("leased", with_leased, unique("leased")),
             // Retries of 1000 keys the atomic scenario completed in its warm-up.
@@ -159,10 +164,11 @@ fn main() {
             let (throughput, p50, p99) = (m.throughput(), m.quantile(0.50), m.quantile(0.99));
             println!("{:<10} {:>10} {throughput:>12.0} {p50:>10.2?} {p99:>10.2?}", m.name, m.requests());
         }
-        let [bare, floor, atomic, leased, replay] = &results[..] else { unreachable!("five scenarios") };
+        let [bare, floor, memory, atomic, leased, replay] = &results[..] else { unreachable!("six scenarios") };
         for (label, numerator, denominator, aim) in [
             ("atomic / no layer", atomic, bare, Some(0.75)),
             ("floor / no layer ", floor, bare, None),
+            ("memory / no layer", memory, bare, None),
             ("atomic / floor   ", atomic, floor, None),
             ("atomic / leased  ", atomic, leased, Some(1.2)),
             ("replay / atomic  ", replay, atomic, Some(2.0)),
