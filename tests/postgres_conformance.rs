@@ -3,22 +3,4 @@
 
 mod support;
 
-mod atomic {
-    use tower_idempotency::CouplingMode;
-    tower_idempotency::store_suite!(atomic, crate::support::pg_store(CouplingMode::Atomic));
-
-    mod http {
-        use tower_idempotency::CouplingMode;
-        tower_idempotency::http_contract_suite!(crate::support::pg_store(CouplingMode::Atomic));
-    }
-}
-
-mod leased {
-    use tower_idempotency::CouplingMode;
-    tower_idempotency::store_suite!(leased, crate::support::pg_store(CouplingMode::Leased));
-
-    mod http {
-        use tower_idempotency::CouplingMode;
-        tower_idempotency::http_contract_suite!(crate::support::pg_store(CouplingMode::Leased));
-    }
-}
+support::suites_in_both_modes!(crate::support::pg_store);

@@ -16,25 +16,7 @@ async fn fast(mode: CouplingMode) -> FastPath<PostgresStore> {
     cluster_fast_path(support::pg_store(mode).await).await
 }
 
-mod atomic {
-    use tower_idempotency::CouplingMode;
-    tower_idempotency::store_suite!(atomic, crate::fast(CouplingMode::Atomic));
-
-    mod http {
-        use tower_idempotency::CouplingMode;
-        tower_idempotency::http_contract_suite!(crate::fast(CouplingMode::Atomic));
-    }
-}
-
-mod leased {
-    use tower_idempotency::CouplingMode;
-    tower_idempotency::store_suite!(leased, crate::fast(CouplingMode::Leased));
-
-    mod http {
-        use tower_idempotency::CouplingMode;
-        tower_idempotency::http_contract_suite!(crate::fast(CouplingMode::Leased));
-    }
-}
+support::suites_in_both_modes!(crate::fast);
 
 /// The suites would pass on the store alone if every Redis call failed (each failure falls back
 /// to the store): this proves the cluster really answers, on every master.

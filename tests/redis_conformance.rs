@@ -8,61 +8,17 @@ mod support;
 
 use std::time::Duration;
 
-use http::StatusCode;
 use support::redis::{RedisServer, free_port, shared_server, unique_prefix};
 use tower_idempotency::fast_path::FastPathStats;
-use tower_idempotency::testkit::store::{fingerprint, fresh_id};
-use tower_idempotency::{
-    Begin, BeginRequest, Claim, CouplingMode, FastPath, Outcome, PostgresStore, RecordState, Retention, Store,
-    StoredResponse,
-};
+use tower_idempotency::testkit::store::{answer, claim, existing, fingerprint, fresh_id};
+use tower_idempotency::{BeginRequest, Claim, CouplingMode, FastPath, Outcome, PostgresStore, RecordState, Retention};
 
 /// A fresh PostgreSQL store behind the fast path, on the shared Redis, with a prefix of its own.
 async fn fast(mode: CouplingMode) -> FastPath<PostgresStore> {
     support::redis::fast_path(support::pg_store(mode).await, &shared_server().url()).await
 }
 
-mod atomic {
-    use tower_idempotency::CouplingMode;
-    tower_idempotency::store_suite!(atomic, crate::fast(CouplingMode::Atomic));
-
-    mod http {
-        use tower_idempotency::CouplingMode;
-        tower_idempotency::http_contract_suite!(crate::fast(CouplingMode::Atomic));
-    }
-}
-
-mod leased {
-    use tower_idempotency::CouplingMode;
-    tower_idempotency::store_suite!(leased, crate::fast(CouplingMode::Leased));
-
-    mod http {
-        use tower_idempotency::CouplingMode;
-        tower_idempotency::http_contract_suite!(crate::fast(CouplingMode::Leased));
-    }
-}
-
-fn created(body: &'static str) -> StoredResponse {
-    let mut response = StoredResponse::new(StatusCode::CREATED, body);
-    response.headers.push((http::header::LOCATION, http::HeaderValue::from_static("/orders/1")));
-    response
-}
-
-async fn claim<S: Store>(store: &S, request: BeginRequest<'_>) -> S::Claim {
-    match store.begin(request).await.expect("begin") {
-        Begin::Claimed(claim) => claim,
-        Begin::Existing(record) => panic!("expected a claim, found an existing {:?} record", record.state),
-        Begin::InFlight { .. } => panic!("expected a claim, found the identity in flight"),
-    }
-}
-
-async fn existing<S: Store>(store: &S, request: BeginRequest<'_>) -> tower_idempotency::Record {
-    match store.begin(request).await.expect("begin") {
-        Begin::Existing(record) => record,
-        Begin::Claimed(_) => panic!("expected an existing record, but the identity was claimed afresh"),
-        Begin::InFlight { .. } => panic!("expected an existing record, found the identity in flight"),
-    }
-}
+support::suites_in_both_modes!(crate::fast);
 
 /// The Redis key of `id`'s cached response or lock under `prefix`.
 fn key(prefix: &str, id: &tower_idempotency::RecordId, kind: char) -> String {
@@ -75,12 +31,12 @@ fn replays_are_answered_from_redis_without_the_database() {
         let store = support::pg_store(CouplingMode::Atomic).await;
         let fast = support::redis::fast_path(store.clone(), &shared_server().url()).await;
         let (id, fp) = (fresh_id("redis-hit"), fingerprint(1));
-        claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(created("once"))).await.unwrap();
+        claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("once"))).await.unwrap();
         // From here on the database is gone: only Redis can answer.
         store.pool().close().await;
         let record = existing(&fast, BeginRequest::new(&id, &fp)).await;
         assert_eq!(record.state, RecordState::Completed);
-        assert_eq!(record.response, Some(created("once")), "the cached response must come back byte for byte");
+        assert_eq!(record.response, Some(answer("once")), "the cached response must come back byte for byte");
         let other = fingerprint(2);
         let mismatch = existing(&fast, BeginRequest::new(&id, &other)).await;
         assert_eq!(mismatch.fingerprint, fp, "a retry of another request gets the record's own fingerprint");
@@ -110,9 +66,9 @@ fn a_waiting_duplicate_holds_no_database_connection() {
         let in_use = pool.size() as usize - pool.num_idle();
         assert_eq!(in_use, 1, "only the holder's transaction may hold a connection while {DUPLICATES} duplicates wait");
         assert_eq!(fast.stats().waits, DUPLICATES as u64);
-        holder.finish(Outcome::Complete(created("awaited"))).await.unwrap();
+        holder.finish(Outcome::Complete(answer("awaited"))).await.unwrap();
         for waiter in waiters {
-            assert_eq!(waiter.await.unwrap(), Some(created("awaited")));
+            assert_eq!(waiter.await.unwrap(), Some(answer("awaited")));
         }
         assert_eq!(fast.stats().hits, DUPLICATES as u64, "every duplicate is answered from the cache");
     });
@@ -152,7 +108,7 @@ fn locks_are_released_and_bounded_and_the_cache_ttl_is_within_retention() {
         let holder = claim(&fast, request()).await;
         let lock_ttl: i64 = server.cli(&["pttl", &key(&prefix, &id, 'l')]).trim().parse().unwrap();
         assert!((1..=700).contains(&lock_ttl), "the lock must not outlive the 700 ms lease: {lock_ttl} ms");
-        holder.finish(Outcome::Complete(created("ttl"))).await.unwrap();
+        holder.finish(Outcome::Complete(answer("ttl"))).await.unwrap();
         assert_eq!(server.cli(&["exists", &key(&prefix, &id, 'l')]).trim(), "0", "finish releases the lock");
         let cache_ttl: i64 = server.cli(&["pttl", &key(&prefix, &id, 'c')]).trim().parse().unwrap();
         assert!((1..=5000).contains(&cache_ttl), "the cached response must expire within retention: {cache_ttl} ms");
@@ -189,11 +145,11 @@ fn a_corrupt_or_foreign_cached_value_is_a_miss() {
             .unwrap()
             .timeout(support::redis::TEST_TIMEOUT);
         let (id, fp) = (fresh_id("redis-corrupt"), fingerprint(8));
-        claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(created("real"))).await.unwrap();
+        claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("real"))).await.unwrap();
         for garbage in ["garbage", "\u{2}newer-format"] {
             server.cli(&["set", &key(&prefix, &id, 'c'), garbage]);
             let record = existing(&fast, BeginRequest::new(&id, &fp)).await;
-            assert_eq!(record.response, Some(created("real")), "the store answers when the cache cannot");
+            assert_eq!(record.response, Some(answer("real")), "the store answers when the cache cannot");
         }
         assert_eq!(fast.stats().corrupt, 2);
         assert_eq!(fast.stats().hits, 0);
@@ -206,9 +162,9 @@ fn scripts_are_reloaded_after_script_flush() {
         let server = RedisServer::start();
         let fast = support::redis::fast_path(support::pg_store(CouplingMode::Atomic).await, &server.url()).await;
         let (id, fp) = (fresh_id("redis-noscript"), fingerprint(9));
-        claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(created("kept"))).await.unwrap();
+        claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("kept"))).await.unwrap();
         assert_eq!(server.cli(&["script", "flush"]).trim(), "OK");
-        assert_eq!(existing(&fast, BeginRequest::new(&id, &fp)).await.response, Some(created("kept")));
+        assert_eq!(existing(&fast, BeginRequest::new(&id, &fp)).await.response, Some(answer("kept")));
         let stats = fast.stats();
         assert_eq!((stats.hits, stats.degraded), (1, 0), "NOSCRIPT must be answered by loading the script: {stats:?}");
     });
@@ -221,8 +177,8 @@ fn without_redis_everything_goes_through_the_store() {
         let url = format!("redis://127.0.0.1:{}/", free_port());
         let fast = support::redis::fast_path(support::pg_store(CouplingMode::Atomic).await, &url).await;
         let (id, fp) = (fresh_id("redis-absent"), fingerprint(10));
-        claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(created("durable"))).await.unwrap();
-        assert_eq!(existing(&fast, BeginRequest::new(&id, &fp)).await.response, Some(created("durable")));
+        claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("durable"))).await.unwrap();
+        assert_eq!(existing(&fast, BeginRequest::new(&id, &fp)).await.response, Some(answer("durable")));
         let stats: FastPathStats = fast.stats();
         assert_eq!(stats.hits, 0);
         assert!(stats.degraded >= 1, "the failure must be counted: {stats:?}");

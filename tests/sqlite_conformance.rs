@@ -3,25 +3,7 @@
 
 mod support;
 
-mod atomic {
-    use tower_idempotency::CouplingMode;
-    tower_idempotency::store_suite!(atomic, crate::support::sqlite_store(CouplingMode::Atomic));
-
-    mod http {
-        use tower_idempotency::CouplingMode;
-        tower_idempotency::http_contract_suite!(crate::support::sqlite_store(CouplingMode::Atomic));
-    }
-}
-
-mod leased {
-    use tower_idempotency::CouplingMode;
-    tower_idempotency::store_suite!(leased, crate::support::sqlite_store(CouplingMode::Leased));
-
-    mod http {
-        use tower_idempotency::CouplingMode;
-        tower_idempotency::http_contract_suite!(crate::support::sqlite_store(CouplingMode::Leased));
-    }
-}
+support::suites_in_both_modes!(crate::support::sqlite_store);
 
 /// What the shared suites cannot see: the handler's writes in the claim's transaction, the
 /// single write lock, the fencing counter across releases, migrations and the purge.

@@ -29,13 +29,15 @@ pub fn fingerprint(byte: u8) -> Fingerprint {
     Fingerprint::from_parts(crate::fingerprint::FINGERPRINT_VERSION, [byte; 32])
 }
 
-fn answer(body: &'static str) -> StoredResponse {
+/// A `201 Created` answer with `body` and a `Location` header: what the cases store.
+pub fn answer(body: &'static str) -> StoredResponse {
     let mut response = StoredResponse::new(StatusCode::CREATED, body);
     response.headers.push((http::header::LOCATION, http::HeaderValue::from_static("/things/1")));
     response
 }
 
-async fn claim<S: Store>(store: &S, request: BeginRequest<'_>) -> S::Claim {
+/// Begins `request` on `store` and returns the claim; panics if the identity is not free.
+pub async fn claim<S: Store>(store: &S, request: BeginRequest<'_>) -> S::Claim {
     match store.begin(request).await.expect("begin") {
         Begin::Claimed(claim) => claim,
         Begin::Existing(record) => panic!("expected a claim, found an existing {:?} record", record.state),
@@ -43,7 +45,9 @@ async fn claim<S: Store>(store: &S, request: BeginRequest<'_>) -> S::Claim {
     }
 }
 
-async fn existing<S: Store>(store: &S, request: BeginRequest<'_>) -> crate::record::Record {
+/// Begins `request` on `store` and returns the record in the way; panics if the identity was
+/// claimed or is in flight.
+pub async fn existing<S: Store>(store: &S, request: BeginRequest<'_>) -> crate::record::Record {
     match store.begin(request).await.expect("begin") {
         Begin::Existing(record) => record,
         Begin::Claimed(_) => panic!("expected an existing record, but the identity was claimed afresh"),

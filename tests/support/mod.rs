@@ -8,6 +8,35 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// Stamps out the store suite and the HTTP contract suite in both coupling modes (modules
+/// `atomic` and `leased`), each case on a fresh store from `$store(mode)`.
+#[allow(unused_macros)] // Only the conformance test binaries stamp the suites out.
+macro_rules! suites_in_both_modes {
+    ($store:path) => {
+        mod atomic {
+            use tower_idempotency::CouplingMode;
+            tower_idempotency::store_suite!(atomic, $store(CouplingMode::Atomic));
+
+            mod http {
+                use tower_idempotency::CouplingMode;
+                tower_idempotency::http_contract_suite!($store(CouplingMode::Atomic));
+            }
+        }
+
+        mod leased {
+            use tower_idempotency::CouplingMode;
+            tower_idempotency::store_suite!(leased, $store(CouplingMode::Leased));
+
+            mod http {
+                use tower_idempotency::CouplingMode;
+                tower_idempotency::http_contract_suite!($store(CouplingMode::Leased));
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use suites_in_both_modes;
+
 /// The PostgreSQL server the tests use.
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
