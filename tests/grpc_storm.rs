@@ -8,10 +8,6 @@
 mod grpc;
 mod support;
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
-use tokio::sync::Barrier;
 use tonic::Code;
 use tower_idempotency::CouplingMode;
 
@@ -42,45 +38,35 @@ async fn storm_of_identical_calls_executes_once_per_key_and_every_other_answer_i
         clients.push(client(addr).await);
     }
 
-    let mut answers: HashMap<String, Vec<Answer>> = HashMap::new();
-    for batch in (0..KEYS).collect::<Vec<_>>().chunks(KEYS_AT_ONCE) {
-        let barrier = Arc::new(Barrier::new(batch.len() * DUPLICATES));
-        let mut tasks = Vec::new();
-        for &k in batch {
-            for d in 0..DUPLICATES {
-                let (barrier, key) = (barrier.clone(), format!("storm-key-{k}"));
-                let mut client = clients[(k * DUPLICATES + d) % CONNECTIONS].clone();
-                tasks.push(tokio::spawn(async move {
-                    let request = call(thing(&key, 1000 + k as i64), Some("storm"), &[key.as_str()]);
-                    barrier.wait().await;
-                    let answer = match client.create(request).await {
-                        Ok(response) => Answer::Ok {
-                            replayed: replayed(response.metadata()),
-                            execution_metadata: response
-                                .metadata()
-                                .get("x-thing-execution")
-                                .and_then(|v| v.to_str().ok())
-                                .map(str::to_owned),
-                            thing: response.into_inner(),
-                        },
-                        Err(status) => Answer::Refused {
-                            code: status.code(),
-                            idempotency_code: status
-                                .metadata()
-                                .get("idempotency-code")
-                                .and_then(|v| v.to_str().ok())
-                                .map(str::to_owned),
-                        },
-                    };
-                    (key, answer)
-                }));
-            }
+    let answers = support::released_together(KEYS, DUPLICATES, KEYS_AT_ONCE, |k, d, barrier| {
+        let key = format!("storm-key-{k}");
+        let mut client = clients[(k * DUPLICATES + d) % CONNECTIONS].clone();
+        async move {
+            let request = call(thing(&key, 1000 + k as i64), Some("storm"), &[key.as_str()]);
+            barrier.wait().await;
+            let answer = match client.create(request).await {
+                Ok(response) => Answer::Ok {
+                    replayed: replayed(response.metadata()),
+                    execution_metadata: response
+                        .metadata()
+                        .get("x-thing-execution")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned),
+                    thing: response.into_inner(),
+                },
+                Err(status) => Answer::Refused {
+                    code: status.code(),
+                    idempotency_code: status
+                        .metadata()
+                        .get("idempotency-code")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned),
+                },
+            };
+            (key, answer)
         }
-        for task in tasks {
-            let (key, answer) = task.await.expect("call task");
-            answers.entry(key).or_default().push(answer);
-        }
-    }
+    })
+    .await;
 
     let rows: Vec<(String, i64)> = sqlx::query_as("SELECT name, count(*) FROM things GROUP BY name")
         .fetch_all(store.pool())

@@ -37,6 +37,38 @@ macro_rules! suites_in_both_modes {
 #[allow(unused_imports)]
 pub(crate) use suites_in_both_modes;
 
+/// For each of `keys` keys, `duplicates` identical calls, `keys_at_once` keys at a time, every
+/// call of a batch released together. `call(k, d, barrier)` makes call `d` of key `k`: it
+/// prepares its request, waits on `barrier`, sends, and answers with the key's name and what
+/// it got. The answers come back grouped by key.
+pub async fn released_together<A, F, Fut>(
+    keys: usize,
+    duplicates: usize,
+    keys_at_once: usize,
+    call: F,
+) -> std::collections::HashMap<String, Vec<A>>
+where
+    A: Send + 'static,
+    F: Fn(usize, usize, std::sync::Arc<tokio::sync::Barrier>) -> Fut,
+    Fut: std::future::Future<Output = (String, A)> + Send + 'static,
+{
+    let mut answers: std::collections::HashMap<String, Vec<A>> = std::collections::HashMap::new();
+    for batch in (0..keys).collect::<Vec<_>>().chunks(keys_at_once) {
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(batch.len() * duplicates));
+        let mut tasks = Vec::new();
+        for &k in batch {
+            for d in 0..duplicates {
+                tasks.push(tokio::spawn(call(k, d, barrier.clone())));
+            }
+        }
+        for task in tasks {
+            let (key, answer) = task.await.expect("call task");
+            answers.entry(key).or_default().push(answer);
+        }
+    }
+    answers
+}
+
 /// The PostgreSQL server the tests use.
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())

@@ -2,13 +2,11 @@
 //! behind a barrier, a few keys at a time; then the checks every storm must pass.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use tokio::sync::Barrier;
 use tower::ServiceExt;
 
 /// The orders table of the storms.
@@ -67,34 +65,23 @@ pub async fn storm(
     duplicates: usize,
     keys_at_once: usize,
 ) -> HashMap<String, Vec<Answer>> {
-    let mut answers: HashMap<String, Vec<Answer>> = HashMap::new();
-    for batch in (0..keys).collect::<Vec<_>>().chunks(keys_at_once) {
-        let barrier = Arc::new(Barrier::new(batch.len() * duplicates));
-        let mut tasks = Vec::new();
-        for &k in batch {
-            for _ in 0..duplicates {
-                let (app, barrier, key) = (app.clone(), barrier.clone(), format!("{label}-key-{k}"));
-                tasks.push(tokio::spawn(async move {
-                    let request = Request::post("/orders")
-                        .header("idempotency-key", &key)
-                        .header("content-type", "application/json")
-                        .body(Body::from(format!("{{\"sku\":\"{key}\",\"quantity\":1}}")))
-                        .unwrap();
-                    barrier.wait().await;
-                    let response = app.oneshot(request).await.unwrap();
-                    let status = response.status();
-                    let replayed = response.headers().contains_key("idempotent-replayed");
-                    let body = response.into_body().collect().await.unwrap().to_bytes();
-                    (key, status, replayed, String::from_utf8_lossy(&body).into_owned())
-                }));
-            }
+    super::released_together(keys, duplicates, keys_at_once, |k, _, barrier| {
+        let (app, key) = (app.clone(), format!("{label}-key-{k}"));
+        async move {
+            let request = Request::post("/orders")
+                .header("idempotency-key", &key)
+                .header("content-type", "application/json")
+                .body(Body::from(format!("{{\"sku\":\"{key}\",\"quantity\":1}}")))
+                .unwrap();
+            barrier.wait().await;
+            let response = app.oneshot(request).await.unwrap();
+            let status = response.status();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (key, (status, replayed, String::from_utf8_lossy(&body).into_owned()))
         }
-        for task in tasks {
-            let (key, status, replayed, body) = task.await.expect("request task");
-            answers.entry(key).or_default().push((status, replayed, body));
-        }
-    }
-    answers
+    })
+    .await
 }
 
 /// Checks a storm's answers: for each key, exactly one execution, every replay identical to it,
