@@ -36,6 +36,31 @@ async fn send(app: &Router, key: &str, note: &str) -> (StatusCode, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// Claims a new identity for `key` and writes one order (`key`, `note`) through the claim's
+/// transaction, giving the handle back: a claim ready to finish.
+async fn claim_with_an_order(
+    store: &PostgresStore,
+    key: &str,
+    note: &str,
+) -> tower_idempotency::store::postgres::PgClaim {
+    use tower_idempotency::{Begin, BeginRequest, Claim, Fingerprint, IdempotencyKey, RecordId, Scope, Store};
+
+    let id = RecordId::new(&Scope::new("atomic"), "POST /orders", &IdempotencyKey::new(key).unwrap());
+    let fingerprint = Fingerprint::from_parts(tower_idempotency::fingerprint::FINGERPRINT_VERSION, [7; 32]);
+    let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fingerprint)).await.expect("begin") else {
+        panic!("a new identity must be claimed");
+    };
+    let handle = claim.handle().expect("an atomic claim hands out its transaction");
+    let mut conn = handle.acquire().await.expect("open transaction");
+    sqlx::query("INSERT INTO orders (operation_id, note) VALUES ($1, $2)")
+        .bind(key)
+        .bind(note)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    claim
+}
+
 async fn orders(store: &PostgresStore) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(store.pool()).await.unwrap()
 }
@@ -180,19 +205,11 @@ async fn handle_built_from_a_plain_transaction_for_unit_tests() {
 #[tokio::test]
 async fn a_record_committed_first_by_another_writer_wins_and_the_business_write_rolls_back() {
     use tower_idempotency::store::FinishError;
-    use tower_idempotency::{Begin, BeginRequest, Claim, Fingerprint, IdempotencyKey, Outcome, RecordId, Scope, Store};
+    use tower_idempotency::{Claim, IdempotencyKey, Outcome, RecordId, Scope};
 
     let store = store_with_orders().await;
+    let claim = claim_with_an_order(&store, "raced", "mine").await;
     let id = RecordId::new(&Scope::new("atomic"), "POST /orders", &IdempotencyKey::new("raced").unwrap());
-    let fingerprint = Fingerprint::from_parts(tower_idempotency::fingerprint::FINGERPRINT_VERSION, [7; 32]);
-    let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fingerprint)).await.expect("begin") else {
-        panic!("a new identity must be claimed");
-    };
-    let handle = claim.handle().expect("an atomic claim hands out its transaction");
-    let mut conn = handle.acquire().await.expect("open transaction");
-    sqlx::query("INSERT INTO orders (operation_id, note) VALUES ('raced', 'mine')").execute(&mut *conn).await.unwrap();
-    drop(conn);
-    drop(handle);
     sqlx::query(
         "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
              response_status) VALUES (decode($1, 'hex'), 'completed', 1, $2, 0, 201)",
@@ -214,7 +231,7 @@ async fn a_record_committed_first_by_another_writer_wins_and_the_business_write_
 #[tokio::test]
 async fn an_applications_own_unique_violation_at_commit_is_an_uncertain_commit_not_a_lost_identity() {
     use tower_idempotency::store::FinishError;
-    use tower_idempotency::{Begin, BeginRequest, Claim, Fingerprint, IdempotencyKey, Outcome, RecordId, Scope, Store};
+    use tower_idempotency::{Claim, Outcome};
 
     let store = store_with_orders().await;
     sqlx::raw_sql(
@@ -224,19 +241,7 @@ async fn an_applications_own_unique_violation_at_commit_is_an_uncertain_commit_n
     .execute(store.pool())
     .await
     .unwrap();
-    let id = RecordId::new(&Scope::new("atomic"), "POST /orders", &IdempotencyKey::new("deferred").unwrap());
-    let fingerprint = Fingerprint::from_parts(tower_idempotency::fingerprint::FINGERPRINT_VERSION, [8; 32]);
-    let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fingerprint)).await.expect("begin") else {
-        panic!("a new identity must be claimed");
-    };
-    let handle = claim.handle().expect("an atomic claim hands out its transaction");
-    let mut conn = handle.acquire().await.expect("open transaction");
-    sqlx::query("INSERT INTO orders (operation_id, note) VALUES ('deferred', 'taken')")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    drop(conn);
-    drop(handle);
+    let claim = claim_with_an_order(&store, "deferred", "taken").await;
     let finished =
         claim.finish(Outcome::Complete(tower_idempotency::StoredResponse::new(StatusCode::CREATED, "x"))).await;
     assert!(matches!(finished, Err(FinishError::CommitUncertain(_))), "{finished:?}");
