@@ -35,10 +35,7 @@ async fn create_order(
 ) -> (StatusCode, [(&'static str, String); 2], String) {
     let order_id = uuid::Uuid::new_v4();
     let operation_id = context.as_ref().map_or("", |c| c.operation_id()).to_owned();
-    let insert = sqlx::query("INSERT INTO bench_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
-        .bind(order_id.to_string())
-        .bind(operation_id)
-        .bind(&body);
+    let insert = insert_order(order_id, operation_id, &body);
     match tx {
         Some(tx) => {
             let mut conn = tx.acquire().await.expect("claim transaction");
@@ -50,6 +47,23 @@ async fn create_order(
             own.commit().await.expect("commit");
         }
     }
+    created(order_id, &body)
+}
+
+/// The order's INSERT.
+fn insert_order(
+    order_id: uuid::Uuid,
+    operation_id: String,
+    body: &str,
+) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query("INSERT INTO bench_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
+        .bind(order_id.to_string())
+        .bind(operation_id)
+        .bind(body.to_owned())
+}
+
+/// The handlers' answer: 201 with the order's location and a JSON body.
+fn created(order_id: uuid::Uuid, body: &str) -> (StatusCode, [(&'static str, String); 2], String) {
     let json = format!("{{\"order_id\":\"{order_id}\",\"body\":{body}}}");
     (
         StatusCode::CREATED,
@@ -64,7 +78,7 @@ const FLOOR_RECORDS: &str = "floor_records";
 
 /// The floor: the same order, and in the same transaction a row of the answer in a table of
 /// the layer's shape ([`FLOOR_RECORDS`]), written with prepared statements. No read first, no
-/// lock, no fingerprint check: the least a handler pays to keep its answer with its order.
+/// lock, no fingerprint check: only the row that keeps the answer with the order.
 async fn create_order_and_record(
     State(pool): State<PgPool>,
     headers: HeaderMap,
@@ -72,17 +86,11 @@ async fn create_order_and_record(
 ) -> (StatusCode, [(&'static str, String); 2], String) {
     let key = headers.get("idempotency-key").map_or(&[][..], |key| key.as_bytes());
     let order_id = uuid::Uuid::new_v4();
-    let location = format!("/orders/{order_id}");
-    let json = format!("{{\"order_id\":\"{order_id}\",\"body\":{body}}}");
-    let kept_headers = format!("content-type: application/json\nlocation: {location}");
+    let answer = created(order_id, &body);
+    let [(_, content_type), (_, location)] = &answer.1;
+    let kept_headers = format!("content-type: {content_type}\nlocation: {location}");
     let mut tx = pool.begin().await.expect("begin");
-    sqlx::query("INSERT INTO bench_orders (order_id, operation_id, body) VALUES ($1, $2, $3)")
-        .bind(order_id.to_string())
-        .bind("")
-        .bind(&body)
-        .execute(&mut *tx)
-        .await
-        .expect("insert the order");
+    insert_order(order_id, String::new(), &body).execute(&mut *tx).await.expect("insert the order");
     sqlx::query(
         "INSERT INTO floor_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
              response_status, response_headers, response_body, response_until, forget_at) \
@@ -92,12 +100,12 @@ async fn create_order_and_record(
     .bind(Sha256::digest(key).to_vec())
     .bind(Sha256::digest(body.as_bytes()).to_vec())
     .bind(kept_headers.into_bytes())
-    .bind(json.as_bytes())
+    .bind(answer.2.clone().into_bytes())
     .execute(&mut *tx)
     .await
     .expect("insert the record");
     tx.commit().await.expect("commit");
-    (StatusCode::CREATED, [("content-type", "application/json".to_owned()), ("location", location)], json)
+    answer
 }
 
 async fn authenticate(mut request: Request<Body>, next: axum::middleware::Next) -> axum::response::Response {
