@@ -657,7 +657,7 @@ impl<C: Claim> Claim for FastPathClaim<C> {
         let retention = guard.retention;
         let value = match &outcome {
             Outcome::Complete(response) => Some(encode(RecordState::Completed, &guard.fingerprint, response)),
-            Outcome::StoreFailure(response) => Some(encode(RecordState::Failed, &guard.fingerprint, response)),
+            Outcome::Reject(response) => Some(encode(RecordState::Failed, &guard.fingerprint, response)),
             Outcome::Release => None,
         };
         // The record's retention starts no earlier than this. The cached copy's TTL is counted

@@ -56,7 +56,7 @@
 //!   the response headers of a trailers-only answer (what tonic sends for `Err(Status)`), else
 //!   from the trailers once the body is read; an answer without a `grpc-status` counts as
 //!   `UNKNOWN`. By default `OK` completes and every other code releases (the next attempt
-//!   executes afresh). A handler stores a business rejection with [`store_failure`]; a route
+//!   executes afresh). A handler stores a business rejection with [`reject`]; a route
 //!   keys its own rule on the code with
 //!   [`classify_grpc_with`](crate::IdempotencyLayer::classify_grpc_with). An
 //!   [`OutcomeClass`] in the `http::Response` extensions (a tower service, or a
@@ -207,7 +207,7 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<Code> {
 }
 
 /// Marks a handler's error status as a business rejection to store: retries with the same key
-/// get the same status again instead of executing afresh (the *store failure* outcome; in
+/// get the same status again instead of executing afresh (the *reject* outcome; in
 /// atomic mode the handler's writes are still rolled back).
 ///
 /// The mark travels as the status's [`source`](std::error::Error::source), which tonic keeps
@@ -215,22 +215,22 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<Code> {
 ///
 /// ```
 /// use tonic::Status;
-/// use tower_idempotency::grpc::{is_store_failure, store_failure};
+/// use tower_idempotency::grpc::{is_rejection, reject};
 ///
-/// let declined = store_failure(Status::failed_precondition("card declined"));
-/// assert!(is_store_failure(&declined));
-/// assert!(!is_store_failure(&Status::unavailable("try again")));
+/// let declined = reject(Status::failed_precondition("card declined"));
+/// assert!(is_rejection(&declined));
+/// assert!(!is_rejection(&Status::unavailable("try again")));
 /// ```
-pub fn store_failure(mut status: Status) -> Status {
-    status.set_source(Arc::new(StoreFailureMark));
+pub fn reject(mut status: Status) -> Status {
+    status.set_source(Arc::new(RejectionMark));
     status
 }
 
-/// Whether `status` was marked with [`store_failure`].
-pub fn is_store_failure(status: &Status) -> bool {
+/// Whether `status` was marked with [`reject`].
+pub fn is_rejection(status: &Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {
-        if error.is::<StoreFailureMark>() {
+        if error.is::<RejectionMark>() {
             return true;
         }
         source = error.source();
@@ -238,17 +238,17 @@ pub fn is_store_failure(status: &Status) -> bool {
     false
 }
 
-/// The mark [`store_failure`] puts on a status.
+/// The mark [`reject`] puts on a status.
 #[derive(Debug)]
-struct StoreFailureMark;
+struct RejectionMark;
 
-impl fmt::Display for StoreFailureMark {
+impl fmt::Display for RejectionMark {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("the handler asked the idempotency layer to store this failure")
     }
 }
 
-impl std::error::Error for StoreFailureMark {}
+impl std::error::Error for RejectionMark {}
 
 /// The class of a gRPC answer when its head decides it: a handler's [`OutcomeClass`] marker,
 /// else the `grpc-status` of a trailers-only answer. `None`: the trailers decide.
@@ -270,11 +270,11 @@ pub(crate) fn classify_trailers(
     classify_code(code, parts, rule)
 }
 
-/// A [`store_failure`] mark on the answer's status, else the route's rule, else the default:
+/// A [`reject`] mark on the answer's status, else the route's rule, else the default:
 /// `OK` completes, everything else releases.
 fn classify_code(code: Code, parts: &http::response::Parts, rule: Option<&GrpcClassifier>) -> OutcomeClass {
-    if parts.extensions.get::<Status>().is_some_and(is_store_failure) {
-        return OutcomeClass::StoreFailure;
+    if parts.extensions.get::<Status>().is_some_and(is_rejection) {
+        return OutcomeClass::Reject;
     }
     match rule {
         Some(rule) => rule(code),
@@ -425,18 +425,18 @@ mod tests {
 
     #[test]
     fn a_marked_status_is_stored_and_the_marker_and_rule_are_honoured() {
-        let marked = store_failure(Status::failed_precondition("declined")).into_http::<()>().into_parts().0;
-        assert_eq!(classify_head(&marked, None), Some(OutcomeClass::StoreFailure));
+        let marked = reject(Status::failed_precondition("declined")).into_http::<()>().into_parts().0;
+        assert_eq!(classify_head(&marked, None), Some(OutcomeClass::Reject));
         let plain = Status::failed_precondition("declined").into_http::<()>().into_parts().0;
         assert_eq!(classify_head(&plain, None), Some(OutcomeClass::Release));
 
         let rule: GrpcClassifier =
             Arc::new(
                 |code| {
-                    if code == Code::FailedPrecondition { OutcomeClass::StoreFailure } else { OutcomeClass::Release }
+                    if code == Code::FailedPrecondition { OutcomeClass::Reject } else { OutcomeClass::Release }
                 },
             );
-        assert_eq!(classify_head(&plain, Some(&rule)), Some(OutcomeClass::StoreFailure));
+        assert_eq!(classify_head(&plain, Some(&rule)), Some(OutcomeClass::Reject));
 
         let mut marker = parts(&[("grpc-status", "0")]);
         marker.extensions.insert(OutcomeClass::Release);

@@ -219,7 +219,7 @@ impl<St: Store> IdempotencyLayer<St> {
     ///     .grpc_methods(["/payments.v1.Payments/Charge"])
     ///     .classify_grpc_with(|code| match code {
     ///         Code::Ok => OutcomeClass::Complete,
-    ///         Code::FailedPrecondition => OutcomeClass::StoreFailure,
+    ///         Code::FailedPrecondition => OutcomeClass::Reject,
     ///         _ => OutcomeClass::Release,
     ///     });
     /// # drop(layer);

@@ -1,12 +1,12 @@
 //! Deciding what a handler's response means for the record (CONTRACT §4).
 //!
 //! - *complete*: commit the business write and store the response;
-//! - *store failure*: roll the business write back, store the response so retries get the
-//!   same error;
+//! - *reject*: roll the business write back, store the response as a definitive rejection, so
+//!   retries get the same error;
 //! - *release*: roll back, store nothing: the next retry executes afresh.
 //!
 //! By default 1xx–3xx complete and everything else releases. A handler opts a business
-//! rejection into *store failure* with a marker in the response's extensions:
+//! rejection into *reject* with a marker in the response's extensions:
 //!
 //! ```
 //! use http::{Response, StatusCode};
@@ -14,7 +14,7 @@
 //!
 //! let mut response = Response::new("card declined");
 //! *response.status_mut() = StatusCode::PAYMENT_REQUIRED;
-//! response.extensions_mut().insert(OutcomeClass::StoreFailure);
+//! response.extensions_mut().insert(OutcomeClass::Reject);
 //! ```
 
 use http::header::{self, HeaderName};
@@ -26,8 +26,9 @@ use http::response::Parts;
 pub enum OutcomeClass {
     /// Commit the business write and store the response for replay.
     Complete,
-    /// Roll the business write back and store the response, so retries get the same error.
-    StoreFailure,
+    /// Roll the business write back and store the response as a definitive rejection (a
+    /// declined card), so retries get the same error instead of executing again.
+    Reject,
     /// Roll back and store nothing; the next retry executes afresh.
     Release,
 }
@@ -114,9 +115,9 @@ mod tests {
     #[test]
     fn handler_marker_beats_route_rule() {
         let mut p = parts(402);
-        p.extensions.insert(OutcomeClass::StoreFailure);
+        p.extensions.insert(OutcomeClass::Reject);
         let rule: Classifier = std::sync::Arc::new(|_| OutcomeClass::Release);
-        assert_eq!(classify(&p, Some(&rule)), OutcomeClass::StoreFailure);
+        assert_eq!(classify(&p, Some(&rule)), OutcomeClass::Reject);
         assert_eq!(classify(&parts(402), Some(&rule)), OutcomeClass::Release);
     }
 

@@ -228,7 +228,7 @@ where
     }
     let stored = stored_response(&config, &protocol, &response_parts, body.clone(), trailers.as_ref());
     let outcome = match class {
-        OutcomeClass::StoreFailure => Outcome::StoreFailure(stored),
+        OutcomeClass::Reject => Outcome::Reject(stored),
         _ => Outcome::Complete(stored),
     };
     match claim.finish(outcome).await {

@@ -166,7 +166,7 @@ async fn released_failure_status_executes_again(mode: CouplingMode) {
 async fn route_rule_keyed_on_the_grpc_code_stores_a_failure(mode: CouplingMode) {
     let rule = |code| match code {
         Code::Ok => OutcomeClass::Complete,
-        Code::Unavailable => OutcomeClass::StoreFailure,
+        Code::Unavailable => OutcomeClass::Reject,
         _ => OutcomeClass::Release,
     };
     let (service, _pool, addr) = start(mode, move |l| l.classify_grpc_with(rule)).await;

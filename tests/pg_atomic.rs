@@ -144,7 +144,7 @@ async fn stored_failure_rolls_back_the_business_write_and_replays_the_failure() 
             insert(&tx, &context, &note).await;
             drop(tx);
             let mut response = axum::response::IntoResponse::into_response((StatusCode::PAYMENT_REQUIRED, "declined"));
-            response.extensions_mut().insert(OutcomeClass::StoreFailure);
+            response.extensions_mut().insert(OutcomeClass::Reject);
             response
         }),
     );
@@ -221,7 +221,7 @@ async fn a_record_committed_first_by_another_writer_wins_and_the_business_write_
     .expect("the other writer's record");
     let finished =
         claim.finish(Outcome::Complete(tower_idempotency::StoredResponse::new(StatusCode::CREATED, "mine"))).await;
-    assert!(matches!(finished, Err(FinishError::LeaseLost)), "{finished:?}");
+    assert!(matches!(finished, Err(FinishError::ClaimLost)), "{finished:?}");
     assert_eq!((orders(&store).await, records(&store).await), (0, 1), "only the other writer's record may remain");
 }
 

@@ -76,7 +76,7 @@ mod sqlite_specifics {
             let claim = claimed(&store, BeginRequest::new(&id, &fp)).await;
             insert_order(&claim).await;
             let declined = StoredResponse::new(StatusCode::PAYMENT_REQUIRED, "declined");
-            claim.finish(Outcome::StoreFailure(declined)).await.expect("finish");
+            claim.finish(Outcome::Reject(declined)).await.expect("finish");
             assert_eq!(orders(&store).await, 1, "a stored failure rolls the business write back");
             match store.begin(BeginRequest::new(&id, &fp)).await.expect("begin") {
                 Begin::Existing(record) => assert_eq!(record.state, RecordState::Failed),

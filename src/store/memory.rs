@@ -273,10 +273,10 @@ impl Claim for MemoryClaim {
         self.settled = true;
         let mut records = self.store.lock();
         let Some(entry) = records.get_mut(&self.id) else {
-            return Err(FinishError::LeaseLost);
+            return Err(FinishError::ClaimLost);
         };
         if entry.token != self.token || entry.record.state != RecordState::Processing {
-            return Err(FinishError::LeaseLost);
+            return Err(FinishError::ClaimLost);
         }
         let now = Instant::now();
         let (state, response) = match outcome {
@@ -285,7 +285,7 @@ impl Claim for MemoryClaim {
                 return Ok(());
             }
             Outcome::Complete(response) => (RecordState::Completed, response),
-            Outcome::StoreFailure(response) => (RecordState::Failed, response),
+            Outcome::Reject(response) => (RecordState::Failed, response),
         };
         entry.record.state = state;
         entry.record.response = Some(response);

@@ -158,8 +158,9 @@ pub enum Begin<C> {
 pub enum Outcome {
     /// Commit the business write and store the response for replay (`completed`).
     Complete(StoredResponse),
-    /// Roll the business write back and store the response (`failed`).
-    StoreFailure(StoredResponse),
+    /// Roll the business write back and store the response as a definitive rejection
+    /// (`failed`), so retries get the same answer.
+    Reject(StoredResponse),
     /// Roll back and store nothing: the next retry executes afresh.
     Release,
 }
@@ -180,10 +181,11 @@ pub enum StoreError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FinishError {
-    /// The lease was lost (another holder took over or the record moved on): the outcome was
-    /// not stored.
-    #[error("the claim's lease was lost; the outcome was not stored")]
-    LeaseLost,
+    /// Another claim holds the identity now, so the outcome was not stored: a leased claim's
+    /// lease was taken over (or its record moved on), or an atomic claim's record lost to one
+    /// committed first (its business write rolled back).
+    #[error("the claim was lost to another; the outcome was not stored")]
+    ClaimLost,
     /// The handler still holds the transaction handle: the transaction was rolled back.
     #[error("the transaction handle is still held after the response; rolled back")]
     HandleStillHeld,

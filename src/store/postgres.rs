@@ -381,7 +381,7 @@ impl PgClaim {
                 return Ok(());
             }
             Outcome::Complete(response) => ("completed", response),
-            Outcome::StoreFailure(response) => {
+            Outcome::Reject(response) => {
                 // The handler's writes go; the failure is stored under a fresh claim. (A
                 // savepoint would keep the first claim, but costs a subtransaction on every
                 // request for the sake of this rare path.) A duplicate that claims in between
@@ -408,7 +408,7 @@ impl PgClaim {
                 tx.discard().await;
                 if lost {
                     // Another request's record won: this execution's writes rolled back.
-                    Err(FinishError::LeaseLost)
+                    Err(FinishError::ClaimLost)
                 } else {
                     // The INSERT failed (nothing committed) or the COMMIT did (its fate is
                     // unknown): either way a retry with the same key is safe.
@@ -429,7 +429,7 @@ impl PgClaim {
             Err((error, conn)) => {
                 let lost = matches!(sqlstate(&error).as_deref(), Some(RECORD_EXISTS | LOCK_NOT_AVAILABLE));
                 roll_back_failed_claim(conn).await;
-                Err(if lost { FinishError::LeaseLost } else { FinishError::Store(unavailable(error)) })
+                Err(if lost { FinishError::ClaimLost } else { FinishError::Store(unavailable(error)) })
             }
         }
     }
@@ -444,7 +444,7 @@ impl PgClaim {
                     .await
             }
             Outcome::Complete(response) => self.finish_query("completed", &response).execute(&self.store.pool).await,
-            Outcome::StoreFailure(response) => self.finish_query("failed", &response).execute(&self.store.pool).await,
+            Outcome::Reject(response) => self.finish_query("failed", &response).execute(&self.store.pool).await,
         };
         sql::fenced_write(done.map(|done| done.rows_affected()), |_| false)
     }

@@ -126,7 +126,7 @@ pub(crate) fn fenced_write(
     use super::FinishError;
     match rows {
         Ok(1) => Ok(()),
-        Ok(_) => Err(FinishError::LeaseLost),
+        Ok(_) => Err(FinishError::ClaimLost),
         Err(error) if never_ran(&error) => Err(FinishError::Store(StoreError::Unavailable(Box::new(error)))),
         Err(error) => Err(FinishError::CommitUncertain(Box::new(error))),
     }

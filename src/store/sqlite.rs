@@ -373,7 +373,7 @@ impl SqliteClaim {
                 return Ok(());
             }
             Outcome::Complete(response) => ("completed", response),
-            Outcome::StoreFailure(response) => {
+            Outcome::Reject(response) => {
                 sqlx::raw_sql(ROLLBACK_TO_CLAIM)
                     .execute(&mut *tx)
                     .await
@@ -386,7 +386,7 @@ impl SqliteClaim {
             Ok(done) if done.rows_affected() == 1 => {}
             Ok(_) => {
                 tx.discard().await;
-                return Err(FinishError::LeaseLost);
+                return Err(FinishError::ClaimLost);
             }
             Err(error) => {
                 tx.discard().await;
@@ -406,7 +406,7 @@ impl SqliteClaim {
                     .await
             }
             Outcome::Complete(response) => self.finish_query("completed", &response).execute(&self.store.pool).await,
-            Outcome::StoreFailure(response) => self.finish_query("failed", &response).execute(&self.store.pool).await,
+            Outcome::Reject(response) => self.finish_query("failed", &response).execute(&self.store.pool).await,
         };
         // A busy write lock means the update never ran.
         sql::fenced_write(done.map(|done| done.rows_affected()), is_busy)

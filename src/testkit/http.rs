@@ -30,7 +30,7 @@ use crate::store::Store;
 ///
 /// - `/create`: 201, JSON naming the execution, `Location`, `ETag`, and two headers that must
 ///   never be replayed (`Set-Cookie`, `X-Internal`);
-/// - `/reject`: 402 marked [`OutcomeClass::StoreFailure`] (a business rejection to store);
+/// - `/reject`: 402 marked [`OutcomeClass::Reject`] (a business rejection to store);
 /// - `/fail`: 500 (released by the default rule);
 /// - `/slow`: 201 once [`TestApp::open_gate`] lets it through.
 #[derive(Clone, Default)]
@@ -107,7 +107,7 @@ impl TestApp {
         match path.as_str() {
             "/reject" => {
                 *response.status_mut() = StatusCode::PAYMENT_REQUIRED;
-                response.extensions_mut().insert(OutcomeClass::StoreFailure);
+                response.extensions_mut().insert(OutcomeClass::Reject);
             }
             "/fail" => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
             _ => {

@@ -85,7 +85,7 @@ pub async fn replays_a_stored_failure<S: Store>(store: S) {
     let declined = StoredResponse::new(StatusCode::PAYMENT_REQUIRED, "declined");
     claim(&store, BeginRequest::new(&id, &fp))
         .await
-        .finish(Outcome::StoreFailure(declined.clone()))
+        .finish(Outcome::Reject(declined.clone()))
         .await
         .expect("finish");
     let record = existing(&store, BeginRequest::new(&id, &fp)).await;
@@ -257,7 +257,7 @@ pub async fn forgotten_record_is_taken_over_before_any_purge<S: Store>(store: S)
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let declined = StoredResponse::new(StatusCode::PAYMENT_REQUIRED, "declined");
     let kept = || BeginRequest::new(&id, &fp);
-    claim(&store, kept()).await.finish(Outcome::StoreFailure(declined.clone())).await.expect("take over again");
+    claim(&store, kept()).await.finish(Outcome::Reject(declined.clone())).await.expect("take over again");
     let record = existing(&store, kept()).await;
     assert_eq!(record.state, RecordState::Failed);
     assert_eq!(record.response, Some(declined), "the newest outcome must have replaced the forgotten one");
@@ -285,7 +285,7 @@ pub async fn stale_lease_becomes_unknown<S: Store>(store: S) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(existing(&store, request()).await.state, RecordState::Unknown);
     match holder.finish(Outcome::Complete(answer("late"))).await {
-        Err(FinishError::LeaseLost) => {}
+        Err(FinishError::ClaimLost) => {}
         other => panic!("a holder whose record became unknown must lose its lease, got {other:?}"),
     }
     assert_eq!(existing(&store, request()).await.state, RecordState::Unknown);
@@ -302,7 +302,7 @@ pub async fn stale_lease_reexecute_takes_over_and_fences_the_old_holder<S: Store
     tokio::time::sleep(Duration::from_millis(500)).await;
     let new = claim(&store, request()).await;
     assert!(new.fencing_token() > old.fencing_token());
-    assert!(matches!(old.finish(Outcome::Complete(answer("old"))).await, Err(FinishError::LeaseLost)));
+    assert!(matches!(old.finish(Outcome::Complete(answer("old"))).await, Err(FinishError::ClaimLost)));
     new.finish(Outcome::Complete(answer("new"))).await.expect("finish");
     assert_eq!(existing(&store, request()).await.response, Some(answer("new")));
 }

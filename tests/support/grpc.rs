@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
-use tower_idempotency::grpc::store_failure;
+use tower_idempotency::grpc::reject;
 use tower_idempotency::{IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, TxHandle};
 
 pub mod proto {
@@ -128,7 +128,7 @@ impl Things for ThingsService {
 
     async fn reject(&self, request: Request<CreateThing>) -> Result<Response<Thing>, Status> {
         self.execute("reject", request).await?;
-        Err(store_failure(Status::failed_precondition(REJECTION)))
+        Err(reject(Status::failed_precondition(REJECTION)))
     }
 
     async fn fail(&self, request: Request<CreateThing>) -> Result<Response<Thing>, Status> {
