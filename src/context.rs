@@ -87,24 +87,21 @@ mod axum_extract {
     use http::request::Parts;
 
     use super::IdempotencyContext;
-    use crate::problem::push_json_string;
+    use crate::problem::{Problem, ProblemCode};
 
     /// The rejection when a handler asks for an [`IdempotencyContext`] on a route the
-    /// idempotency layer does not guard.
+    /// idempotency layer does not guard: 500 problem+json, code `idempotency_context_missing`.
     #[derive(Debug, Clone, Copy)]
     pub struct MissingContext;
 
     impl IntoResponse for MissingContext {
         fn into_response(self) -> Response {
-            let mut body = String::from("{\"title\":\"Idempotency context missing\",\"status\":500,\"detail\":");
-            push_json_string(
-                &mut body,
+            Problem::new(
+                ProblemCode::ContextMissing,
                 "this handler needs IdempotencyContext, but the route is not wrapped by IdempotencyLayer \
                  (or the request carried no key on an optional route); use Option<IdempotencyContext> there",
-            );
-            body.push('}');
-            (http::StatusCode::INTERNAL_SERVER_ERROR, [(http::header::CONTENT_TYPE, "application/problem+json")], body)
-                .into_response()
+            )
+            .into_response()
         }
     }
 
@@ -127,3 +124,22 @@ mod axum_extract {
 
 #[cfg(feature = "axum")]
 pub use axum_extract::MissingContext;
+
+#[cfg(all(test, feature = "axum"))]
+mod tests {
+    use axum::response::IntoResponse;
+
+    use super::MissingContext;
+
+    #[tokio::test]
+    async fn a_missing_context_is_refused_with_a_problem_that_has_a_code() {
+        let response = MissingContext.into_response();
+        assert_eq!(response.status(), 500);
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("the body");
+        let problem: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(problem["code"], "idempotency_context_missing");
+        assert_eq!(problem["type"], "urn:tower-idempotency:problem:idempotency_context_missing");
+        assert_eq!(problem["status"], 500);
+    }
+}

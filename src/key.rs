@@ -226,11 +226,6 @@ impl RecordId {
         Self(hasher.finalize().into())
     }
 
-    /// Rebuilds an identity from a stored digest.
-    pub const fn from_digest(digest: [u8; 32]) -> Self {
-        Self(digest)
-    }
-
     /// The digest bytes.
     pub const fn digest(&self) -> &[u8; 32] {
         &self.0

@@ -51,6 +51,12 @@ pub enum ProblemCode {
     HandleStillHeld,
     /// 401: no scope (tenant or principal) could be found for a guarded request.
     ScopeMissing,
+    /// 500: a handler asked for its [`IdempotencyContext`](crate::IdempotencyContext) on a route
+    /// the layer did not guard (a misconfiguration: the handler did not run).
+    ContextMissing,
+    /// 500: a handler asked for a transaction handle on a route without an atomic SQL store
+    /// behind the layer (a misconfiguration: the handler did not run).
+    TransactionMissing,
 }
 
 impl ProblemCode {
@@ -71,6 +77,8 @@ impl ProblemCode {
             ProblemCode::HandlerFailed => "idempotency_handler_failed",
             ProblemCode::HandleStillHeld => "idempotency_handle_still_held",
             ProblemCode::ScopeMissing => "idempotency_scope_missing",
+            ProblemCode::ContextMissing => "idempotency_context_missing",
+            ProblemCode::TransactionMissing => "idempotency_transaction_missing",
         }
     }
 
@@ -91,6 +99,8 @@ impl ProblemCode {
             ProblemCode::HandlerFailed => "Handler response failed",
             ProblemCode::HandleStillHeld => "Transaction handle still held",
             ProblemCode::ScopeMissing => "Idempotency scope missing",
+            ProblemCode::ContextMissing => "Idempotency context missing",
+            ProblemCode::TransactionMissing => "Idempotency transaction missing",
         }
     }
 
@@ -102,9 +112,11 @@ impl ProblemCode {
             ProblemCode::RequestInFlight | ProblemCode::OutcomeUnknown => StatusCode::CONFLICT,
             ProblemCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::StoreUnavailable | ProblemCode::CommitUncertain => StatusCode::SERVICE_UNAVAILABLE,
-            ProblemCode::ResponseTooLarge | ProblemCode::HandlerFailed | ProblemCode::HandleStillHeld => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ProblemCode::ResponseTooLarge
+            | ProblemCode::HandlerFailed
+            | ProblemCode::HandleStillHeld
+            | ProblemCode::ContextMissing
+            | ProblemCode::TransactionMissing => StatusCode::INTERNAL_SERVER_ERROR,
             ProblemCode::ScopeMissing => StatusCode::UNAUTHORIZED,
         }
     }
@@ -117,7 +129,11 @@ impl ProblemCode {
             ProblemCode::RequestInFlight | ProblemCode::OutcomeUnknown => 10,                     // ABORTED
             ProblemCode::BodyTooLarge => 8,                                                       // RESOURCE_EXHAUSTED
             ProblemCode::StoreUnavailable | ProblemCode::CommitUncertain => 14,                   // UNAVAILABLE
-            ProblemCode::ResponseTooLarge | ProblemCode::HandlerFailed | ProblemCode::HandleStillHeld => 13, // INTERNAL
+            ProblemCode::ResponseTooLarge
+            | ProblemCode::HandlerFailed
+            | ProblemCode::HandleStillHeld
+            | ProblemCode::ContextMissing
+            | ProblemCode::TransactionMissing => 13, // INTERNAL
             ProblemCode::ScopeMissing => 16,                                                      // UNAUTHENTICATED
         }
     }
@@ -168,7 +184,7 @@ impl Problem {
         out.push_str(",\"title\":");
         push_json_string(&mut out, self.code.title());
         out.push_str(",\"status\":");
-        out.push_str(itoa_u16(self.status.as_u16()).as_str());
+        out.push_str(&self.status.as_u16().to_string());
         out.push_str(",\"detail\":");
         push_json_string(&mut out, &self.detail);
         out.push_str(",\"code\":");
@@ -224,6 +240,19 @@ impl Problem {
     }
 }
 
+/// The prefix of problem `type` URIs unless a layer sets its own
+/// ([`problem_type_base`](crate::IdempotencyLayer::problem_type_base)).
+pub const DEFAULT_TYPE_BASE: &str = "urn:tower-idempotency:problem:";
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for Problem {
+    /// The problem+json answer with the default `type` prefix ([`DEFAULT_TYPE_BASE`]): how the
+    /// crate's axum extractors refuse a request.
+    fn into_response(self) -> axum::response::Response {
+        self.to_http(DEFAULT_TYPE_BASE).map(axum::body::Body::from)
+    }
+}
+
 /// Whole seconds, rounded up, at least 1.
 fn retry_after_secs(after: Duration) -> u64 {
     (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
@@ -247,12 +276,8 @@ pub(crate) fn grpc_percent_encode(text: &str) -> String {
     out
 }
 
-fn itoa_u16(n: u16) -> String {
-    n.to_string()
-}
-
 /// Appends `text` as a JSON string literal.
-pub(crate) fn push_json_string(out: &mut String, text: &str) {
+fn push_json_string(out: &mut String, text: &str) {
     out.push('"');
     for ch in text.chars() {
         match ch {

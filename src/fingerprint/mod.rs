@@ -279,15 +279,9 @@ pub mod canonical {
     /// assert_eq!(canonical::json(br#"{"a":1,"a":1}"#, &[], 64), None);
     /// ```
     pub fn json(body: &[u8], ignored_members: &[&str], max_depth: usize) -> Option<Vec<u8>> {
-        let mut out = Vec::new();
-        json_into(body, ignored_members, max_depth, &mut out).then_some(out)
-    }
-
-    /// [`json`] appending to `out`, for callers that reuse a buffer. Returns
-    /// `false`, leaving `out` as it was, where [`json`] returns `None`.
-    pub fn json_into(body: &[u8], ignored_members: &[&str], max_depth: usize, out: &mut Vec<u8>) -> bool {
         let pointers: Vec<Pointer> = ignored_members.iter().filter_map(|p| Pointer::parse(p)).collect();
-        super::json_into(body, &pointers, max_depth, out)
+        let mut out = Vec::new();
+        super::json_into(body, &pointers, max_depth, &mut out).then_some(out)
     }
 
     /// Canonical form-urlencoded bytes: decoded pairs, stably ordered by
