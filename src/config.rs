@@ -10,8 +10,7 @@ use http::{HeaderName, Method, StatusCode};
 use crate::fingerprint::FingerprintSpec;
 use crate::key::Scope;
 use crate::outcome::Classifier;
-use crate::store::Retention;
-pub use crate::store::StaleLeasePolicy;
+use crate::store::{Retention, StaleLeasePolicy};
 
 /// The application's scope function.
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
@@ -62,7 +61,7 @@ pub(crate) struct Config {
     pub(crate) grpc_methods: Vec<Arc<str>>,
     /// The route's own rule for gRPC answers, keyed on the gRPC status code.
     #[cfg(feature = "tonic")]
-    pub(crate) grpc_classifier: Option<crate::grpc::GrpcClassifier>,
+    pub(crate) grpc_classifier: Option<crate::protocol::grpc::GrpcClassifier>,
 }
 
 impl Default for Config {
