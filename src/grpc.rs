@@ -151,11 +151,13 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::BoxError;
 use crate::body::IdempotencyBody;
 use crate::future::ResponseFuture;
+use crate::layer::IdempotencyLayer;
 pub use crate::protocol::grpc::{GRPC_STATUS, GrpcClassifier, grpc_status, is_grpc, is_rejection, reject};
+use crate::service::IdempotencyService;
 use crate::store::Store;
-use crate::{BoxError, IdempotencyLayer, IdempotencyService};
 
 impl<St: Store> IdempotencyLayer<St> {
     /// This layer for a tonic server: `Server::builder().layer(layer.into_tonic())`. Feature

@@ -11,7 +11,6 @@ use crate::config::{Config, RolloutSwitch, ScopeSource};
 use crate::fingerprint::FingerprintSpec;
 use crate::key::Scope;
 use crate::outcome::OutcomeClass;
-use crate::protocol::Protocols;
 use crate::service::IdempotencyService;
 use crate::store::{Retention, StaleLeasePolicy, Store};
 
@@ -239,8 +238,7 @@ impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
     type Service = IdempotencyService<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let protocols = Protocols::new(&self.config);
-        IdempotencyService::new(inner, self.store.clone(), Arc::new(self.config.clone()), protocols)
+        IdempotencyService::new(inner, self.store.clone(), Arc::new(self.config.clone()), self.config.protocols())
     }
 }
 

@@ -12,7 +12,6 @@ use http::{HeaderMap, Response};
 use tonic::{Code, Status};
 
 use super::Classified;
-use crate::config::Config;
 use crate::outcome::{self, OutcomeClass};
 use crate::problem::Problem;
 
@@ -109,36 +108,22 @@ impl fmt::Display for RejectionMark {
 
 impl std::error::Error for RejectionMark {}
 
-/// The gRPC rules of one layer, from its settings.
+/// The gRPC rules of one layer, made from its settings ([`Config::protocols`](crate::config::Config::protocols)).
 pub(crate) struct GrpcRules {
     /// The method paths guarded (`/package.Service/Method`); other gRPC calls pass through.
-    methods: Vec<Arc<str>>,
+    pub(crate) methods: Vec<Arc<str>>,
     /// The metadata that carries the key.
-    key_header: HeaderName,
+    pub(crate) key_header: HeaderName,
     /// The route's own rule, keyed on the gRPC status code.
-    classifier: Option<GrpcClassifier>,
+    pub(crate) classifier: Option<GrpcClassifier>,
     /// The route's additions to the stored allow-list.
-    stored_headers: Vec<HeaderName>,
+    pub(crate) stored_headers: Vec<HeaderName>,
 }
 
 impl GrpcRules {
-    pub(crate) fn new(config: &Config) -> Self {
-        Self {
-            methods: config.grpc_methods.clone(),
-            key_header: config.header.clone(),
-            classifier: config.grpc_classifier.clone(),
-            stored_headers: config.stored_headers.clone(),
-        }
-    }
-
     /// The configured method path when `path` names a guarded method.
     pub(crate) fn guarded_method(&self, path: &str) -> Option<Arc<str>> {
         self.methods.iter().find(|method| ***method == *path).cloned()
-    }
-
-    /// The metadata that carries the key.
-    pub(crate) fn key_header(&self) -> &HeaderName {
-        &self.key_header
     }
 
     /// The class of an answer the handler did not mark: from the `grpc-status` of a
@@ -214,11 +199,19 @@ mod tests {
         response.into_parts().0
     }
 
-    /// A guarded gRPC call under the default settings and `rule`.
+    /// The rules of a layer that guards one method, with `rule` and the extra allow-list.
+    fn rules(rule: Option<&GrpcClassifier>, stored_headers: &[HeaderName]) -> GrpcRules {
+        GrpcRules {
+            methods: vec![Arc::from("/pkg.Svc/Create")],
+            key_header: HeaderName::from_static("idempotency-key"),
+            classifier: rule.cloned(),
+            stored_headers: stored_headers.to_vec(),
+        }
+    }
+
+    /// A guarded gRPC call under `rule`.
     fn protocol(rule: Option<&GrpcClassifier>) -> Protocol {
-        let mut config = Config::default();
-        config.grpc_classifier = rule.cloned();
-        Protocol::Grpc(Arc::new(GrpcRules::new(&config)), Arc::from("/pkg.Svc/Create"))
+        Protocol::Grpc(Arc::new(rules(rule, &[])), Arc::from("/pkg.Svc/Create"))
     }
 
     /// The class when the head decides it; `None`: the trailers decide.
@@ -238,9 +231,7 @@ mod tests {
     }
 
     fn keeps_header(name: &HeaderName, extra: &[HeaderName]) -> bool {
-        let mut config = Config::default();
-        config.stored_headers = extra.to_vec();
-        GrpcRules::new(&config).keeps_header(name)
+        rules(None, extra).keeps_header(name)
     }
 
     #[test]

@@ -7,49 +7,32 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, Method, Response};
 
-use crate::config::Config;
 use crate::outcome::{self, Classifier, OutcomeClass};
 use crate::problem::Problem;
 
 /// The detail of the refusal of a request without a key.
 pub(crate) const KEY_MISSING: &str = "this request requires an Idempotency-Key header";
 
-/// The HTTP rules of one layer, from its settings.
+/// The HTTP rules of one layer, made from its settings ([`Config::protocols`](crate::config::Config::protocols)).
 pub(crate) struct HttpRules {
     /// The methods guarded (POST and PATCH by default).
-    methods: Vec<Method>,
+    pub(crate) methods: Vec<Method>,
     /// The header that carries the key.
-    key_header: HeaderName,
+    pub(crate) key_header: HeaderName,
     /// The operation's explicit name, if the route gave one.
-    operation: Option<Arc<str>>,
+    pub(crate) operation: Option<Arc<str>>,
     /// The route's own rule for classifying responses.
-    classifier: Option<Classifier>,
+    pub(crate) classifier: Option<Classifier>,
     /// The route's additions to the stored allow-list.
-    stored_headers: Vec<HeaderName>,
+    pub(crate) stored_headers: Vec<HeaderName>,
     /// The prefix of problem `type` URIs.
-    problem_type_base: Arc<str>,
+    pub(crate) problem_type_base: Arc<str>,
 }
 
 impl HttpRules {
-    pub(crate) fn new(config: &Config) -> Self {
-        Self {
-            methods: config.methods.clone(),
-            key_header: config.header.clone(),
-            operation: config.operation.clone(),
-            classifier: config.classifier.clone(),
-            stored_headers: config.stored_headers.clone(),
-            problem_type_base: config.problem_type_base.clone(),
-        }
-    }
-
     /// Whether requests with this method are guarded.
     pub(crate) fn guards(&self, method: &Method) -> bool {
         self.methods.contains(method)
-    }
-
-    /// The header that carries the key.
-    pub(crate) fn key_header(&self) -> &HeaderName {
-        &self.key_header
     }
 
     /// The explicit name, else axum's matched route template, else method and path.

@@ -27,13 +27,13 @@ use ::http::{HeaderMap, HeaderName, Request, Response};
 use bytes::Bytes;
 
 use crate::body::IdempotencyBody;
-use crate::config::Config;
 use crate::key::{self, IdempotencyKey};
 use crate::outcome::{self, OutcomeClass};
 use crate::problem::{Problem, ProblemCode};
 use crate::record::{Fields, StoredResponse};
 
-/// The protocols a layer speaks, with their rules, built once per layer from its settings.
+/// The protocols a layer speaks, with their rules, made once per layer from its settings
+/// ([`Config::protocols`](crate::config::Config::protocols)).
 #[derive(Clone)]
 pub(crate) struct Protocols {
     http: Arc<http::HttpRules>,
@@ -42,12 +42,12 @@ pub(crate) struct Protocols {
 }
 
 impl Protocols {
-    /// The rules of every protocol, from the layer's settings.
-    pub(crate) fn new(config: &Config) -> Self {
+    /// The protocols with these rules.
+    pub(crate) fn new(http: http::HttpRules, #[cfg(feature = "tonic")] grpc: grpc::GrpcRules) -> Self {
         Self {
-            http: Arc::new(http::HttpRules::new(config)),
+            http: Arc::new(http),
             #[cfg(feature = "tonic")]
-            grpc: Arc::new(grpc::GrpcRules::new(config)),
+            grpc: Arc::new(grpc),
         }
     }
 
@@ -104,9 +104,9 @@ impl Protocol {
     /// The key: `Ok(None)` when there is none, a refusal when it is invalid.
     pub(crate) fn read_key(&self, headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Problem> {
         let name = match self {
-            Protocol::Http(rules) => rules.key_header(),
+            Protocol::Http(rules) => &rules.key_header,
             #[cfg(feature = "tonic")]
-            Protocol::Grpc(rules, _) => rules.key_header(),
+            Protocol::Grpc(rules, _) => &rules.key_header,
         };
         key::parse_key(headers, name).map_err(|error| Problem::new(ProblemCode::KeyInvalid, error.to_string()))
     }
