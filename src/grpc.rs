@@ -59,7 +59,7 @@
 //!   executes afresh). A handler stores a business rejection with [`reject`]; a route
 //!   keys its own rule on the code with
 //!   [`classify_grpc_with`](crate::IdempotencyLayer::classify_grpc_with). An
-//!   [`OutcomeClass`] in the `http::Response` extensions (a tower service, or a
+//!   [`OutcomeClass`](crate::OutcomeClass) in the `http::Response` extensions (a tower service, or a
 //!   `tonic::Response` with it in its extensions) wins over both.
 //! - **What is stored**: the headers of the allow-list (`content-type`, and what
 //!   [`store_header`](crate::IdempotencyLayer::store_header) adds: name your custom response
