@@ -211,7 +211,7 @@ mod tests {
 
     /// A guarded gRPC call under `rule`.
     fn protocol(rule: Option<&GrpcClassifier>) -> Protocol {
-        Protocol::Grpc(Arc::new(rules(rule, &[])), Arc::from("/pkg.Svc/Create"))
+        Protocol::Grpc { rules: Arc::new(rules(rule, &[])), method: Arc::from("/pkg.Svc/Create") }
     }
 
     /// The class when the head decides it; `None`: the trailers decide.

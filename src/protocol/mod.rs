@@ -62,7 +62,7 @@ impl Protocols {
         #[cfg(feature = "tonic")]
         if grpc::is_grpc(request.headers()) {
             let method = self.grpc.guarded_method(request.uri().path())?;
-            return Some(Protocol::Grpc(self.grpc.clone(), method));
+            return Some(Protocol::Grpc { rules: self.grpc.clone(), method });
         }
         self.http.guards(request.method()).then(|| Protocol::Http(self.http.clone()))
     }
@@ -73,9 +73,14 @@ impl Protocols {
 pub(crate) enum Protocol {
     /// Plain HTTP: status codes and problem+json.
     Http(Arc<http::HttpRules>),
-    /// A gRPC method named in the layer's `grpc_methods`, with its method path.
+    /// A gRPC method named in the layer's `grpc_methods`.
     #[cfg(feature = "tonic")]
-    Grpc(Arc<grpc::GrpcRules>, Arc<str>),
+    Grpc {
+        /// The gRPC rules.
+        rules: Arc<grpc::GrpcRules>,
+        /// The method path, `/package.Service/Method`.
+        method: Arc<str>,
+    },
 }
 
 /// What a response means for its record, decided from its head or only at the end of its body
@@ -106,7 +111,7 @@ impl Protocol {
         let name = match self {
             Protocol::Http(rules) => &rules.key_header,
             #[cfg(feature = "tonic")]
-            Protocol::Grpc(rules, _) => &rules.key_header,
+            Protocol::Grpc { rules, .. } => &rules.key_header,
         };
         key::parse_key(headers, name).map_err(|error| Problem::new(ProblemCode::KeyInvalid, error.to_string()))
     }
@@ -116,7 +121,7 @@ impl Protocol {
         let detail = match self {
             Protocol::Http(_) => http::KEY_MISSING,
             #[cfg(feature = "tonic")]
-            Protocol::Grpc(..) => grpc::KEY_MISSING,
+            Protocol::Grpc { .. } => grpc::KEY_MISSING,
         };
         Problem::new(ProblemCode::KeyMissing, detail)
     }
@@ -127,7 +132,7 @@ impl Protocol {
         match self {
             Protocol::Http(rules) => rules.operation(parts),
             #[cfg(feature = "tonic")]
-            Protocol::Grpc(_, method) => method.clone(),
+            Protocol::Grpc { method, .. } => method.clone(),
         }
     }
 
@@ -140,7 +145,7 @@ impl Protocol {
         match self {
             Protocol::Http(rules) => Classified::Ready(rules.classify(parts)),
             #[cfg(feature = "tonic")]
-            Protocol::Grpc(rules, _) => rules.classify(parts),
+            Protocol::Grpc { rules, .. } => rules.classify(parts),
         }
     }
 
@@ -162,7 +167,7 @@ impl Protocol {
         match self {
             Protocol::Http(rules) => rules.keeps_header(name),
             #[cfg(feature = "tonic")]
-            Protocol::Grpc(rules, _) => rules.keeps_header(name),
+            Protocol::Grpc { rules, .. } => rules.keeps_header(name),
         }
     }
 
@@ -171,7 +176,7 @@ impl Protocol {
         match self {
             Protocol::Http(_) => http::keeps_trailer(name),
             #[cfg(feature = "tonic")]
-            Protocol::Grpc(..) => grpc::keeps_trailer(name),
+            Protocol::Grpc { .. } => grpc::keeps_trailer(name),
         }
     }
 
@@ -180,7 +185,7 @@ impl Protocol {
         match self {
             Protocol::Http(rules) => rules.refuse(&problem),
             #[cfg(feature = "tonic")]
-            Protocol::Grpc(..) => grpc::refuse(&problem),
+            Protocol::Grpc { .. } => grpc::refuse(&problem),
         }
         .map(IdempotencyBody::full)
     }
