@@ -10,8 +10,11 @@ use http::{HeaderName, Method, StatusCode};
 use crate::fingerprint::FingerprintSpec;
 use crate::key::Scope;
 use crate::outcome::Classifier;
-use crate::store::Retention;
-pub use crate::store::StaleLeasePolicy;
+use crate::protocol::Protocols;
+#[cfg(feature = "tonic")]
+use crate::protocol::grpc::{GrpcClassifier, GrpcRules};
+use crate::protocol::http::HttpRules;
+use crate::store::{Retention, StaleLeasePolicy};
 
 /// The application's scope function.
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
@@ -62,7 +65,7 @@ pub(crate) struct Config {
     pub(crate) grpc_methods: Vec<Arc<str>>,
     /// The route's own rule for gRPC answers, keyed on the gRPC status code.
     #[cfg(feature = "tonic")]
-    pub(crate) grpc_classifier: Option<crate::grpc::GrpcClassifier>,
+    pub(crate) grpc_classifier: Option<GrpcClassifier>,
 }
 
 impl Default for Config {
@@ -91,6 +94,32 @@ impl Default for Config {
             #[cfg(feature = "tonic")]
             grpc_classifier: None,
         }
+    }
+}
+
+impl Config {
+    /// The rules of every protocol the layer speaks, from these settings.
+    pub(crate) fn protocols(&self) -> Protocols {
+        let http = HttpRules {
+            methods: self.methods.clone(),
+            key_header: self.header.clone(),
+            operation: self.operation.clone(),
+            classifier: self.classifier.clone(),
+            stored_headers: self.stored_headers.clone(),
+            problem_type_base: self.problem_type_base.clone(),
+        };
+        #[cfg(feature = "tonic")]
+        let grpc = GrpcRules {
+            methods: self.grpc_methods.clone(),
+            key_header: self.header.clone(),
+            classifier: self.grpc_classifier.clone(),
+            stored_headers: self.stored_headers.clone(),
+        };
+        Protocols::new(
+            http,
+            #[cfg(feature = "tonic")]
+            grpc,
+        )
     }
 }
 

@@ -232,24 +232,13 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config.grpc_classifier = Some(Arc::new(rule));
         self
     }
-
-    /// This layer for a tonic server: `Server::builder().layer(layer.into_tonic())`. Feature
-    /// `tonic`.
-    ///
-    /// tonic hands its layers requests with its own body type, which the plain
-    /// [`IdempotencyService`] cannot rebuild after buffering it; [`TonicLayer`](crate::grpc::TonicLayer)
-    /// does. Everything else is this layer.
-    #[cfg(feature = "tonic")]
-    pub fn into_tonic(self) -> crate::grpc::TonicLayer<St> {
-        crate::grpc::TonicLayer::new(self)
-    }
 }
 
 impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
     type Service = IdempotencyService<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, self.store.clone(), Arc::new(self.config.clone()))
+        IdempotencyService::new(inner, self.store.clone(), Arc::new(self.config.clone()), self.config.protocols())
     }
 }
 

@@ -39,13 +39,21 @@ pub type Classifier = std::sync::Arc<dyn Fn(&Parts) -> OutcomeClass + Send + Syn
 /// The class of a response: the handler's marker if present, else the route's rule, else
 /// the default (1xx–3xx complete, everything else release).
 pub fn classify(parts: &Parts, route_rule: Option<&Classifier>) -> OutcomeClass {
-    if let Some(marker) = parts.extensions.get::<OutcomeClass>() {
-        return *marker;
+    handler_marker(parts).unwrap_or_else(|| by_route_rule(parts, route_rule))
+}
+
+/// The handler's marker in the response's extensions: it wins over every rule, for every
+/// protocol.
+pub(crate) fn handler_marker(parts: &Parts) -> Option<OutcomeClass> {
+    parts.extensions.get::<OutcomeClass>().copied()
+}
+
+/// The class of a response the handler did not mark: the route's rule, else the default.
+pub(crate) fn by_route_rule(parts: &Parts, route_rule: Option<&Classifier>) -> OutcomeClass {
+    match route_rule {
+        Some(rule) => rule(parts),
+        None => default_class(parts.status),
     }
-    if let Some(rule) = route_rule {
-        return rule(parts);
-    }
-    default_class(parts.status)
 }
 
 /// The default rule: 1xx–3xx complete, everything else release.

@@ -18,9 +18,9 @@ use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
 use crate::future::ResponseFuture;
 use crate::key::RecordId;
-use crate::outcome::{self, OutcomeClass};
+use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
-use crate::protocol::Protocol;
+use crate::protocol::{Classified, Protocol, Protocols};
 use crate::record::{Record, RecordState, StoredResponse};
 use crate::store::{Begin, BeginRequest, Claim, FinishError, Outcome, Store, StoreError};
 
@@ -33,11 +33,12 @@ pub struct IdempotencyService<S, St> {
     inner: S,
     store: St,
     config: Arc<Config>,
+    protocols: Protocols,
 }
 
 impl<S, St> IdempotencyService<S, St> {
-    pub(crate) fn new(inner: S, store: St, config: Arc<Config>) -> Self {
-        Self { inner, store, config }
+    pub(crate) fn new(inner: S, store: St, config: Arc<Config>, protocols: Protocols) -> Self {
+        Self { inner, store, config, protocols }
     }
 
     /// The wrapped service.
@@ -48,7 +49,12 @@ impl<S, St> IdempotencyService<S, St> {
 
 impl<S: Clone, St: Clone> Clone for IdempotencyService<S, St> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), store: self.store.clone(), config: self.config.clone() }
+        Self {
+            inner: self.inner.clone(),
+            store: self.store.clone(),
+            config: self.config.clone(),
+            protocols: self.protocols.clone(),
+        }
     }
 }
 
@@ -84,7 +90,7 @@ where
 }
 
 impl<S, St> IdempotencyService<S, St> {
-    /// The wrapped service's readiness (for [`TonicService`](crate::grpc::TonicService)).
+    /// The wrapped service's readiness (for the tonic adapter's service).
     #[cfg(feature = "tonic")]
     pub(crate) fn poll_inner_ready<R>(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>>
     where
@@ -94,8 +100,8 @@ impl<S, St> IdempotencyService<S, St> {
     }
 
     /// The service's `call`, for any request body that `rebuild` can make again from the
-    /// buffered bytes (`From<Bytes>` for the plain service; tonic's body for
-    /// [`TonicService`](crate::grpc::TonicService)).
+    /// buffered bytes (`From<Bytes>` for the plain service; tonic's body for the tonic
+    /// adapter's service).
     pub(crate) fn call_with<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
@@ -113,7 +119,7 @@ impl<S, St> IdempotencyService<S, St> {
         ResBody::Error: Into<BoxError>,
     {
         let protocol = match self.config.rollout.get() {
-            RolloutMode::Enforce => Protocol::of(&self.config, &request),
+            RolloutMode::Enforce => self.protocols.guard(&request),
             _ => None,
         };
         let Some(protocol) = protocol else {
@@ -144,10 +150,10 @@ where
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Into<BoxError>,
 {
-    let refuse = |problem: Problem| Ok(protocol.refuse(&config, problem));
+    let refuse = |problem: Problem| Ok(protocol.refuse(problem));
 
     // 1. Key, scope and operation.
-    let key = match protocol.read_key(&config, request.headers()) {
+    let key = match protocol.read_key(request.headers()) {
         Ok(Some(key)) => key,
         Ok(None) if !config.key_required => {
             let response = inner.call(request).await?;
@@ -160,7 +166,7 @@ where
     let Some(scope) = config.scope.scope(&parts) else {
         return refuse(Problem::new(ProblemCode::ScopeMissing, "the request has no authenticated scope"));
     };
-    let operation = protocol.operation(&config, &parts);
+    let operation = protocol.operation(&parts);
     let id = RecordId::new(&scope, &operation, &key);
 
     // 2. Buffer the body within the limit, and fingerprint the request.
@@ -202,8 +208,8 @@ where
     // 5. Classify the response (from its head, or else from its trailers once it is read),
     //    store it with the claim, and answer only once it is settled.
     let (response_parts, response_body) = response.into_parts();
-    let head_class = protocol.classify_head(&config, &response_parts);
-    if head_class == Some(OutcomeClass::Release) {
+    let classified = protocol.classify(&response_parts);
+    if let Classified::Ready(OutcomeClass::Release) = classified {
         release(claim, &id).await;
         return Ok(Response::from_parts(response_parts, IdempotencyBody::inner(response_body)));
     }
@@ -221,12 +227,12 @@ where
             });
         }
     };
-    let class = head_class.unwrap_or_else(|| protocol.classify_trailers(&config, &response_parts, trailers.as_ref()));
+    let class = classified.with_trailers(trailers.as_ref());
     if class == OutcomeClass::Release {
         release(claim, &id).await;
         return Ok(Response::from_parts(response_parts, IdempotencyBody::buffered(body, trailers)));
     }
-    let stored = stored_response(&config, &protocol, &response_parts, body.clone(), trailers.as_ref());
+    let stored = protocol.stored_response(&response_parts, body.clone(), trailers.as_ref());
     let outcome = match class {
         OutcomeClass::Reject => Outcome::Reject(stored),
         _ => Outcome::Complete(stored),
@@ -273,15 +279,14 @@ fn answer_existing<B>(
     record: Record,
 ) -> Response<IdempotencyBody<B>> {
     if record.state == RecordState::Expired {
-        return protocol.refuse(
-            config,
-            Problem::new(ProblemCode::KeyExpired, "this key is past its retention; use a new key for a new request"),
-        );
+        return protocol.refuse(Problem::new(
+            ProblemCode::KeyExpired,
+            "this key is past its retention; use a new key for a new request",
+        ));
     }
     if record.fingerprint != *fingerprint {
         tracing::debug!(record = %id, "idempotency: key reused with a different request");
         return protocol.refuse(
-            config,
             Problem::new(ProblemCode::KeyReused, "this key was used with a different request")
                 .status(config.mismatch_status),
         );
@@ -289,7 +294,6 @@ fn answer_existing<B>(
     match (record.state, record.response) {
         (RecordState::Completed | RecordState::Failed, Some(stored)) => replay(stored),
         (RecordState::Unknown, _) => protocol.refuse(
-            config,
             Problem::new(
                 ProblemCode::OutcomeUnknown,
                 "an earlier attempt with this key died and its outcome is unknown",
@@ -297,7 +301,6 @@ fn answer_existing<B>(
             .retry_after(config.retry_after),
         ),
         _ => protocol.refuse(
-            config,
             Problem::new(ProblemCode::RequestInFlight, "a request with this key is still being processed; retry later")
                 .retry_after(config.retry_after),
         ),
@@ -315,31 +318,6 @@ fn replay<B>(stored: StoredResponse) -> Response<IdempotencyBody<B>> {
     }
     headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     response
-}
-
-/// What is kept of a response: status, the headers the protocol keeps (the allow-list), trailers,
-/// body. Trailers are kept whole (gRPC's status and trailing metadata), less what is never
-/// stored.
-fn stored_response(
-    config: &Config,
-    protocol: &Protocol,
-    parts: &http::response::Parts,
-    body: Bytes,
-    trailers: Option<&http::HeaderMap>,
-) -> StoredResponse {
-    let headers = parts
-        .headers
-        .iter()
-        .filter(|(name, _)| protocol.keeps_header(config, name))
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect();
-    let trailers = trailers
-        .into_iter()
-        .flatten()
-        .filter(|(name, _)| !outcome::is_never_stored(name))
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect();
-    StoredResponse { status: parts.status, headers, trailers, body }
 }
 
 fn store_unavailable(config: &Config, id: &RecordId, error: &StoreError) -> Problem {
