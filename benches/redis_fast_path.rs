@@ -152,7 +152,7 @@ fn main() {
         let store = PostgresStore::new(pool.clone());
         store.migrate().await.unwrap();
         let prefix = format!("tidem_bench_{}", std::process::id());
-        let fast = FastPath::connect(store.clone(), &redis_url).await.unwrap().prefix(&prefix).unwrap();
+        let fast = FastPath::connect(store.clone(), &redis_url).unwrap().prefix(&prefix).unwrap();
 
         let plain = serve(pool.clone(), Some(IdempotencyLayer::new(store.clone()))).await;
         let with_fast = serve(pool.clone(), Some(IdempotencyLayer::new(fast.clone()))).await;

@@ -329,7 +329,7 @@ async fn with_fast_path<St: Store>(state: AppState, store: St) -> Result<Router,
     #[cfg(feature = "redis")]
     if let Some(url) = std::env::var("REDIS_URL").ok().filter(|url| !url.is_empty()) {
         // Lazy: the service starts, on its database alone, even while Redis is down.
-        let fast = tower_idempotency::FastPath::connect(store, &url).await?;
+        let fast = tower_idempotency::FastPath::connect(store, &url)?;
         eprintln!("orders: Redis fast path on");
         return Ok(app(state, fast));
     }

@@ -13,7 +13,7 @@ use tower_idempotency::{
 };
 
 async fn fast(mode: CouplingMode) -> FastPath<PostgresStore> {
-    cluster_fast_path(support::pg_store(mode).await).await
+    cluster_fast_path(support::pg_store(mode).await)
 }
 
 support::suites_in_both_modes!(crate::fast);
@@ -29,7 +29,6 @@ fn the_cluster_serves_locks_and_replays_on_every_master() {
         let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
         let store = support::pg_store(CouplingMode::Atomic).await;
         let fast = FastPath::connect_cluster(store, &urls)
-            .await
             .unwrap()
             .prefix(&prefix)
             .unwrap()

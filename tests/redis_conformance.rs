@@ -15,7 +15,7 @@ use tower_idempotency::{BeginRequest, Claim, CouplingMode, FastPath, Outcome, Po
 
 /// A fresh PostgreSQL store behind the fast path, on the shared Redis, with a prefix of its own.
 async fn fast(mode: CouplingMode) -> FastPath<PostgresStore> {
-    support::redis::fast_path(support::pg_store(mode).await, &shared_server().url()).await
+    support::redis::fast_path(support::pg_store(mode).await, &shared_server().url())
 }
 
 support::suites_in_both_modes!(crate::fast);
@@ -29,7 +29,7 @@ fn key(prefix: &str, id: &tower_idempotency::RecordId, kind: char) -> String {
 fn replays_are_answered_from_redis_without_the_database() {
     tower_idempotency::testkit::run(async {
         let store = support::pg_store(CouplingMode::Atomic).await;
-        let fast = support::redis::fast_path(store.clone(), &shared_server().url()).await;
+        let fast = support::redis::fast_path(store.clone(), &shared_server().url());
         let (id, fp) = (fresh_id("redis-hit"), fingerprint(1));
         claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("once"))).await.unwrap();
         // From here on the database is gone: only Redis can answer.
@@ -50,7 +50,7 @@ fn a_waiting_duplicate_holds_no_database_connection() {
     tower_idempotency::testkit::run(async {
         const DUPLICATES: usize = 8;
         let store = support::pg_store(CouplingMode::Atomic).await;
-        let fast = support::redis::fast_path(store.clone(), &shared_server().url()).await;
+        let fast = support::redis::fast_path(store.clone(), &shared_server().url());
         let (id, fp) = (fresh_id("redis-wait"), fingerprint(3));
         let holder = claim(&fast, BeginRequest::new(&id, &fp)).await;
         let mut waiters = Vec::new();
@@ -96,7 +96,6 @@ fn locks_are_released_and_bounded_and_the_cache_ttl_is_within_retention() {
         let prefix = unique_prefix();
         let store = support::pg_store(CouplingMode::Leased).await;
         let fast = FastPath::connect(store, &server.url())
-            .await
             .unwrap()
             .prefix(&prefix)
             .unwrap()
@@ -139,7 +138,6 @@ fn a_corrupt_or_foreign_cached_value_is_a_miss() {
         let server = shared_server();
         let prefix = unique_prefix();
         let fast = FastPath::connect(support::pg_store(CouplingMode::Atomic).await, &server.url())
-            .await
             .unwrap()
             .prefix(&prefix)
             .unwrap()
@@ -160,7 +158,7 @@ fn a_corrupt_or_foreign_cached_value_is_a_miss() {
 fn scripts_are_reloaded_after_script_flush() {
     tower_idempotency::testkit::run(async {
         let server = RedisServer::start();
-        let fast = support::redis::fast_path(support::pg_store(CouplingMode::Atomic).await, &server.url()).await;
+        let fast = support::redis::fast_path(support::pg_store(CouplingMode::Atomic).await, &server.url());
         let (id, fp) = (fresh_id("redis-noscript"), fingerprint(9));
         claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("kept"))).await.unwrap();
         assert_eq!(server.cli(&["script", "flush"]).trim(), "OK");
@@ -175,7 +173,7 @@ fn without_redis_everything_goes_through_the_store() {
     tower_idempotency::testkit::run(async {
         // Nothing listens on this port.
         let url = format!("redis://127.0.0.1:{}/", free_port());
-        let fast = support::redis::fast_path(support::pg_store(CouplingMode::Atomic).await, &url).await;
+        let fast = support::redis::fast_path(support::pg_store(CouplingMode::Atomic).await, &url);
         let (id, fp) = (fresh_id("redis-absent"), fingerprint(10));
         claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("durable"))).await.unwrap();
         assert_eq!(existing(&fast, BeginRequest::new(&id, &fp)).await.response, Some(answer("durable")));

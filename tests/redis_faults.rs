@@ -142,7 +142,7 @@ async fn load(fast: FastPath<PostgresStore>, pad: usize, stop: Arc<AtomicBool>) 
 }
 
 async fn fast_path(redis: &RedisServer) -> FastPath<PostgresStore> {
-    support::redis::fast_path(support::pg_store(CouplingMode::Atomic).await, &redis.url()).await
+    support::redis::fast_path(support::pg_store(CouplingMode::Atomic).await, &redis.url())
 }
 
 fn report(name: &str, seen: &Seen, fast: &FastPath<PostgresStore>) {

@@ -118,7 +118,7 @@ fn storm_with_the_fast_path_creates_one_order_per_key_on_a_connection_per_key() 
         plain.pool().close().await;
 
         let orders = store(&support::unique_name("tidem_rstorm_fast")).await;
-        let fast = support::redis::fast_path(orders.clone(), &redis.url()).await;
+        let fast = support::redis::fast_path(orders.clone(), &redis.url());
         let (peaks, conflicts) = storm("fast", &orders, fast.clone(), KEYS).await;
         let stats = fast.stats();
         orders.pool().close().await;

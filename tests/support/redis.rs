@@ -182,21 +182,15 @@ pub fn unique_prefix() -> String {
 pub const TEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The fast path over `store` on the node at `url`, with a prefix of its own.
-pub async fn fast_path<S: Store>(store: S, url: &str) -> FastPath<S> {
-    FastPath::connect(store, url)
-        .await
-        .expect("redis URL")
-        .prefix(&unique_prefix())
-        .expect("prefix")
-        .timeout(TEST_TIMEOUT)
+pub fn fast_path<S: Store>(store: S, url: &str) -> FastPath<S> {
+    FastPath::connect(store, url).expect("redis URL").prefix(&unique_prefix()).expect("prefix").timeout(TEST_TIMEOUT)
 }
 
 /// The fast path over `store` on the shared cluster, with a prefix of its own.
-pub async fn cluster_fast_path<S: Store>(store: S) -> FastPath<S> {
+pub fn cluster_fast_path<S: Store>(store: S) -> FastPath<S> {
     let urls = shared_cluster().urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     FastPath::connect_cluster(store, &urls)
-        .await
         .expect("cluster URLs")
         .prefix(&unique_prefix())
         .expect("prefix")

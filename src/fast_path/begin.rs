@@ -1,0 +1,128 @@
+//! How a begin goes through the fast path: the cached response, else the lock and the durable
+//! store, else a bounded wait on the lock's holder; the durable store alone whenever Redis
+//! fails or is cooling down.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::FastPath;
+use super::claim::{self, FastPathClaim, LockGuard, TOKEN_LEN};
+use super::codec;
+use super::scripts::{self, Keys, Probe};
+use crate::store::{Begin, BeginRequest, Store, StoreError};
+
+impl<S: Store> Store for FastPath<S> {
+    type Claim = FastPathClaim<S::Claim>;
+
+    async fn begin(&self, request: BeginRequest<'_>) -> Result<Begin<Self::Claim>, StoreError> {
+        let deadline = Instant::now() + request.wait;
+        let counters = &self.link.counters;
+        if self.link.cooling_down() {
+            counters.bypassed.bump();
+            return self.unlocked(request, deadline).await;
+        }
+        let keys = Keys::new(&self.options.prefix, request.id);
+        let lock_value = claim::lock_value(request.fingerprint);
+        // The lock never outlives the claim's lease, so a dead holder's stale lease is found
+        // by the store as soon as it would be without Redis.
+        let lock_ttl = self.options.lock_ttl.min(request.lease).max(Duration::from_millis(1));
+        let mut backoff = self.options.poll_min;
+        let mut waited = false;
+        loop {
+            let acquired =
+                scripts::acquire(&self.link.connection, &keys, &lock_value, lock_ttl, self.options.timeout).await;
+            let probe = match acquired {
+                Ok(probe) => probe,
+                Err(failure) => {
+                    self.link.failed(self.options.cooldown, request.id, &failure);
+                    // The script may still run after the timeout: take back a lock it would
+                    // leave behind, once Redis answers again (the token is ours alone).
+                    drop(LockGuard::new(self, &request, keys, Some(lock_value)));
+                    return self.unlocked(request, deadline).await;
+                }
+            };
+            match probe {
+                Probe::Cached(value) => match codec::decode(&value) {
+                    Some(record) => {
+                        counters.hits.bump();
+                        return Ok(Begin::Existing(record));
+                    }
+                    None => {
+                        counters.corrupt.bump();
+                        counters.handed_over.bump();
+                        return self.unlocked(request, deadline).await;
+                    }
+                },
+                Probe::Locked => {
+                    if !waited {
+                        counters.misses.bump();
+                    }
+                    counters.locks.bump();
+                    let guard = LockGuard::new(self, &request, keys, Some(lock_value));
+                    let wait = deadline.saturating_duration_since(Instant::now());
+                    return hand_lock_to_claim(self.inner.begin(request.wait(wait)).await, guard).await;
+                }
+                Probe::Held { holder, ttl } => {
+                    if !waited {
+                        counters.misses.bump();
+                    }
+                    if holder.get(TOKEN_LEN..) != lock_value.get(TOKEN_LEN..) {
+                        // Another request with this key (a client bug, or a request of another
+                        // shape): the store knows the record and answers the mismatch.
+                        counters.handed_over.bump();
+                        return self.unlocked(request, deadline).await;
+                    }
+                    if !waited {
+                        counters.waits.bump();
+                        waited = true;
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        counters.in_flight.bump();
+                        let retry_after = ttl.clamp(Duration::from_millis(1), Duration::from_secs(1));
+                        return Ok(Begin::InFlight { retry_after });
+                    }
+                    // Look again soon: never past the deadline, nor much past the lock's end.
+                    let pause = backoff.min(deadline - now).min(ttl.max(Duration::from_millis(1)));
+                    tokio::time::sleep(pause).await;
+                    backoff = (backoff * 2).min(self.options.poll_max);
+                }
+            }
+        }
+    }
+
+    async fn purge(&self, limit: usize) -> Result<usize, StoreError> {
+        // Cached responses expire by their TTL, which is within the record's retention.
+        self.inner.purge(limit).await
+    }
+}
+
+impl<S: Store> FastPath<S> {
+    /// The durable path without the lock: the store decides, within what is left of the wait.
+    async fn unlocked(
+        &self,
+        request: BeginRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Begin<FastPathClaim<S::Claim>>, StoreError> {
+        let guard = LockGuard::new(self, &request, Keys::new(&self.options.prefix, request.id), None);
+        let wait = deadline.saturating_duration_since(Instant::now());
+        hand_lock_to_claim(self.inner.begin(request.wait(wait)).await, guard).await
+    }
+}
+
+/// The durable store's answer to a begin made under `guard`: a claim takes the lock along until
+/// it finishes; any other answer releases it at once.
+async fn hand_lock_to_claim<C>(
+    begun: Result<Begin<C>, StoreError>,
+    guard: LockGuard,
+) -> Result<Begin<FastPathClaim<C>>, StoreError> {
+    let answer = match begun {
+        Ok(Begin::Claimed(claim)) => return Ok(Begin::Claimed(FastPathClaim::new(claim, guard))),
+        Ok(Begin::Existing(record)) => Ok(Begin::Existing(record)),
+        Ok(Begin::InFlight { retry_after }) => Ok(Begin::InFlight { retry_after }),
+        Err(error) => Err(error),
+    };
+    guard.settle(None).await;
+    answer
+}

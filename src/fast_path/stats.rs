@@ -1,0 +1,88 @@
+//! What the fast path counts: each counter is declared once, below, and yields both the live
+//! atomic counter and the field of the public snapshot, [`FastPathStats`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One event counter, shared by a fast path's clones and its claims.
+#[derive(Debug, Default)]
+pub(super) struct Counter(AtomicU64);
+
+impl Counter {
+    /// Counts one more.
+    pub(super) fn bump(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Declares [`FastPathStats`] (the snapshot) and `Counters` (the live counters) from one list
+/// of fields, so that the two cannot drift apart.
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        /// What the fast path has done since it was made; shared by its clones.
+        ///
+        /// Every Redis failure is in `degraded`: the request went down the durable path instead.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct FastPathStats {
+            $($(#[doc = $doc])* pub $name: u64,)*
+        }
+
+        /// The live counters behind [`FastPathStats`].
+        #[derive(Debug, Default)]
+        pub(super) struct Counters {
+            $($(#[doc = $doc])* pub(super) $name: Counter,)*
+        }
+
+        impl Counters {
+            /// The counts so far.
+            pub(super) fn snapshot(&self) -> FastPathStats {
+                FastPathStats { $($name: self.$name.get(),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Begins answered from the cached response, without the durable store (duplicates that
+    /// waited for it included).
+    hits,
+    /// Begins whose first look found no cached response.
+    misses,
+    /// Locks taken (each followed by the durable store's begin).
+    locks,
+    /// Begins that found the lock held by a duplicate and waited.
+    waits,
+    /// Waits that ran out: answered in flight without the durable store.
+    in_flight,
+    /// Begins that went to the durable store without the lock because the lock's holder has
+    /// another fingerprint or the cached value was unreadable (the store decides).
+    handed_over,
+    /// Cached values that could not be read (corrupt, or of an unknown format): misses.
+    corrupt,
+    /// Responses cached after their commit.
+    cached,
+    /// Redis calls that failed or timed out; the request went down the durable path.
+    degraded,
+    /// Begins that skipped Redis during the cool-down after a failure.
+    bypassed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_snapshot_shows_each_counter_in_its_own_field() {
+        let counters = Counters::default();
+        counters.hits.bump();
+        counters.hits.bump();
+        counters.bypassed.bump();
+        let stats = counters.snapshot();
+        assert_eq!((stats.hits, stats.bypassed, stats.misses), (2, 1, 0));
+        assert_eq!(FastPathStats { hits: 0, bypassed: 0, ..stats }, FastPathStats::default());
+    }
+}
