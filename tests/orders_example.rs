@@ -1,13 +1,22 @@
-//! The orders example (`examples/orders.rs`), driven in process through its router, on both of
+//! The orders example (`examples/orders/`), driven in process through its router, on both of
 //! its databases: every case runs once on SQLite (`sqlite::…`, a fresh file in the temp
 //! directory) and, with the `postgres` feature, once on PostgreSQL (`postgres::…`, a fresh
 //! schema on the server that `DATABASE_URL` names, default
 //! `postgres://postgres@127.0.0.1:5432/test`). `cargo test --all-features` runs both.
 #![cfg(all(feature = "axum", feature = "sqlite"))]
 
-#[path = "../examples/orders.rs"]
-#[allow(dead_code)]
-mod orders;
+/// The orders example's modules, all but its `main.rs` and start-up (the tests build the
+/// router themselves, with a clock of their own).
+#[path = "../examples/orders"]
+#[allow(dead_code, reason = "what only start-up or the gRPC example uses goes unused here")]
+mod orders {
+    pub mod api;
+    mod auth;
+    pub mod book;
+    mod create_request;
+    pub mod cursor;
+    mod problem;
+}
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -27,7 +36,11 @@ use tower::ServiceExt;
 use tower_idempotency::PostgresStore;
 use tower_idempotency::SqliteStore;
 
-use orders::{AppState, Clock, CreatedAt, CursorCodec, OrderBook};
+use orders::api::{AppState, Clock};
+use orders::book::account::Account;
+use orders::book::created_at::CreatedAt;
+use orders::book::storage::{OrderBook, PagePosition};
+use orders::cursor::{CursorCodec, account_digest};
 
 const CURSOR_SECRET: &[u8] = b"orders example test cursor secret";
 /// 2025-01-02T03:04:05.000006Z
@@ -140,7 +153,7 @@ impl TestDb {
             Backend::Sqlite => {
                 let path = std::env::temp_dir().join(format!("{}.db", unique_name()));
                 let options = SqliteConnectOptions::new().filename(&path);
-                let pool = orders::connect_sqlite(options).await.expect("open the SQLite file");
+                let pool = orders::book::storage::connect_sqlite(options).await.expect("open the SQLite file");
                 SqliteStore::new(pool.clone()).migrate().await.expect("migrate the idempotency table");
                 Self { orders: OrderBook::Sqlite(pool), place: Place::SqliteFile(path) }
             }
@@ -168,9 +181,11 @@ impl TestDb {
     /// The example's router over this database, with an atomic idempotency store on it.
     fn router(&self, state: AppState) -> Router {
         match (&self.orders, &self.place) {
-            (OrderBook::Sqlite(pool), _) => orders::app(state, SqliteStore::new(pool.clone())),
+            (OrderBook::Sqlite(pool), _) => orders::api::app(state, SqliteStore::new(pool.clone())),
             #[cfg(feature = "postgres")]
-            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => orders::app(state, pg_store(pool, schema)),
+            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => {
+                orders::api::app(state, pg_store(pool, schema))
+            }
             #[cfg(feature = "postgres")]
             (OrderBook::Postgres(_), Place::SqliteFile(_)) => unreachable!("a PostgreSQL pool has a schema"),
         }
@@ -728,12 +743,12 @@ async fn another_accounts_cursor_is_400_invalid_cursor(db: &TestDb) {
 
 async fn a_cursor_of_another_version_or_signed_with_another_secret_is_400_invalid_cursor(db: &TestDb) {
     let service = Orders::new(db);
-    let alice = orders::Account::parse(ALICE).expect("a valid account");
+    let alice = Account::parse(ALICE).expect("a valid account");
     let payload = serde_json::json!({
         "v": 2,
         "created_at": START_MICROS,
         "order_id": uuid::Uuid::new_v4().to_string(),
-        "account": orders::account_digest(&alice),
+        "account": account_digest(&alice),
     });
     let bytes = serde_json::to_vec(&payload).expect("JSON");
     let other_version = CursorCodec::new(CURSOR_SECRET).sign(&bytes);
@@ -742,7 +757,7 @@ async fn a_cursor_of_another_version_or_signed_with_another_secret_is_400_invali
     assert!(detail.contains("version"), "{detail}");
 
     let position =
-        orders::PagePosition { created_at: CreatedAt::from_unix_micros(START_MICROS), order_id: uuid::Uuid::new_v4() };
+        PagePosition { created_at: CreatedAt::from_unix_micros(START_MICROS), order_id: uuid::Uuid::new_v4() };
     let foreign = CursorCodec::new(b"some other service's secret").encode(&alice, position);
     service
         .get(ALICE, &format!("/orders?cursor={foreign}"))
