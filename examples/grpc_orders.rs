@@ -1,6 +1,6 @@
 //! # The orders service over gRPC, safe to retry
 //!
-//! The gRPC twin of `examples/orders.rs`: the same order creation, on the same store, as a
+//! The gRPC twin of `examples/orders/`: the same order creation, on the same store, as a
 //! tonic service (`proto/orders.proto`, package `orders.v1`). A client whose call times out can
 //! call `CreateOrder` again with the same `idempotency-key` metadata; the service creates the
 //! order at most once and answers every retry with the first answer (message, metadata and
@@ -29,8 +29,8 @@
 //!
 //! ## Storage
 //!
-//! The HTTP example's own storage code (this file includes `examples/orders.rs` as a module):
-//! the same tables and statements, the same validation rules, so both can serve one database:
+//! The HTTP example's own orders module (this file mounts `examples/orders/book/`): the same
+//! tables and statements, the same validation rules, so both can serve one database:
 //!
 //! - `DATABASE_URL` unset: SQLite, the file `orders.db` in the working directory;
 //! - `sqlite:PATH`: SQLite in that file, created if missing;
@@ -95,16 +95,20 @@ use sqlx::postgres::PgPoolOptions;
 #[cfg(feature = "postgres")]
 use tower_idempotency::PostgresStore;
 
-/// The HTTP example, for its storage, its validation rules and its accounts; its HTTP parts
-/// go unused here.
-#[path = "orders.rs"]
-#[allow(dead_code)]
-mod http_example;
+/// The orders, their rules and their table: the HTTP example's own, so both services serve one
+/// database by the same rules.
+#[path = "orders/book/mod.rs"]
+#[allow(dead_code, reason = "listing orders is the HTTP example's; this service has no list method")]
+mod book;
+/// Ctrl-C or SIGTERM, as the HTTP example stops.
+#[path = "orders/shutdown.rs"]
+mod shutdown;
 
-use http_example::{
-    Account, CreatedAt, DEFAULT_SQLITE_FILE, OrderBook, OrderDraft, OrderTx, StorageError, connect_sqlite,
-    shutdown_signal,
-};
+use book::account::Account;
+use book::created_at::CreatedAt;
+use book::order::{AmountMinor, OrderDraft};
+use book::storage::{DEFAULT_SQLITE_FILE, OrderBook, OrderTx, StorageError, connect_sqlite};
+use shutdown::shutdown_signal;
 
 /// The code generated from `proto/orders.proto` at build time.
 pub mod proto {
@@ -248,8 +252,9 @@ impl Orders for OrdersService {
         let transaction = order_tx(&self.book, extensions)?;
         // `into_inner` drops the request and its extensions, the layer's copy of the handle too.
         let CreateOrderRequest { sku, quantity, amount_minor, currency } = request.into_inner();
-        let draft = OrderDraft::from_fields(sku, quantity, amount_minor, currency).map_err(Status::invalid_argument)?;
-        let order = http_example::Order::new(account, draft, context.operation_id(), CreatedAt::now());
+        let draft = OrderDraft::new(sku, quantity, AmountMinor::from_digits(amount_minor), currency)
+            .map_err(Status::invalid_argument)?;
+        let order = book::order::Order::new(account, draft, context.operation_id(), CreatedAt::now());
         // `insert` consumes the handle, so the layer has it back before the answer: it stores the
         // answer in the same transaction and commits the order and the answer together.
         transaction.insert(&order).await.map_err(storage_failed)?;
@@ -277,7 +282,7 @@ fn order_tx(book: &OrderBook, extensions: &tonic::Extensions) -> Result<OrderTx,
 }
 
 /// An order as the `Order` message.
-fn to_message(order: &http_example::Order) -> Order {
+fn to_message(order: &book::order::Order) -> Order {
     Order {
         order_id: order.order_id.to_string(),
         account_id: order.account_id.as_str().to_owned(),

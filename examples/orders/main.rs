@@ -1,0 +1,226 @@
+//! # An orders service whose `POST /orders` is safe to retry
+//!
+//! The reference example of `tower-idempotency`: a small axum service that creates orders in
+//! a database. A client that times out can send the same `POST /orders` again with the same
+//! `Idempotency-Key`; the service creates the order at most once and answers every retry
+//! with the first answer, byte for byte, marked `Idempotent-Replayed: true`.
+//!
+//! What it shows:
+//!
+//! - **One transaction for the order and its answer.** The idempotency store runs in atomic
+//!   mode: the layer opens a database transaction, claims the key in it, and hands it to the
+//!   handler as a `TxHandle`. The handler `INSERT`s the order on that transaction
+//!   (`OrderTx`) and gives the handle back; the layer then stores the response in the same
+//!   transaction and commits. The order row and the stored answer commit together or not at
+//!   all, and the response leaves only after `COMMIT`: a crash before it leaves neither (the
+//!   retry executes afresh), and every retry after it replays.
+//! - **Per-route opt-in.** Only `POST /orders` is wrapped by `IdempotencyLayer` (with the
+//!   explicit operation name `orders.create`); the `GET` routes are not.
+//! - **Authentication before idempotency.** An axum middleware turns `Authorization: Bearer
+//!   <account>` into the request's `Scope` (and an `Account`) *before* the idempotency
+//!   layer runs, so a refused request stores nothing, and a key of one account never replays
+//!   another account's answer.
+//! - **The handler's context.** The create handler takes `IdempotencyContext` as an
+//!   extractor and records `ctx.operation_id()` with the order.
+//! - **Release on bad input.** A 422 `validation_failed` is released by the layer's default
+//!   rule (4xx → release, the transaction rolls back): the client fixes the body and retries
+//!   with the same key.
+//! - **Exact money.** `amount_minor` is kept as the client's integer literal (any size), never
+//!   through `f64` or `u64`, and stored as its digits.
+//! - **Keyset pagination** with an opaque, HMAC-signed cursor, over an index.
+//!
+//! ## Storage
+//!
+//! The orders and the idempotency records live in the **same database**, so one transaction
+//! covers both. `DATABASE_URL` chooses it:
+//!
+//! - unset: **SQLite**, the file `orders.db` in the working directory, created on first start.
+//!   Nothing to install or set up.
+//! - `sqlite:PATH` (`sqlite:orders.db`, `sqlite:///var/lib/orders/orders.db`): SQLite in that
+//!   file, created if missing.
+//! - `postgres://…` or `postgresql://…`: **PostgreSQL**, in a build with the `postgres`
+//!   feature (`--features postgres`; without it the service refuses to start and says so).
+//!   The database must exist; the tables go where the connection's `search_path` puts them
+//!   (`public` by default).
+//! - anything else is refused at start.
+//!
+//! SQLite runs in WAL mode (readers do not block the writer) with a 5 s busy timeout (a
+//! writer waits for another instead of failing at once), and `synchronous = FULL`, so an
+//! answer sent after `COMMIT` survives a power cut.
+//!
+//! On every start the service creates the `orders` table and its page index if they are
+//! missing, and runs the idempotency store's migration (the `idempotency_records` table).
+//! The SQL is in `book/sql.rs` (`sqlite_sql` and `postgres_sql`); each backend's code is one
+//! arm of a `match`. Everything PostgreSQL-only (its variants, its arms, `postgres_sql`,
+//! `open_postgres`) is marked `#[cfg(feature = "postgres")]`: a copy for SQLite alone deletes
+//! those items, a copy for PostgreSQL alone deletes the SQLite ones.
+//!
+//! ## Run it
+//!
+//! ```text
+//! cargo run --example orders
+//! DATABASE_URL=postgres://postgres@127.0.0.1/orders cargo run --features postgres --example orders
+//! ```
+//!
+//! The first runs on SQLite (`orders.db` in the working directory) with the crate's default
+//! features; the second needs the `postgres` feature.
+//!
+//! It prints `listening on 127.0.0.1:3000` once bound, and stops cleanly on Ctrl-C or
+//! SIGTERM. Environment:
+//!
+//! - `DATABASE_URL`: where orders and idempotency records live (see *Storage*).
+//! - `ORDERS_ADDR`: the address to bind (default `127.0.0.1:3000`; port `0` picks a free one).
+//! - `ORDERS_CURSOR_SECRET`: the key that signs pagination cursors, at least 16 bytes. Unset:
+//!   a random key per process (cursors then stop working after a restart).
+//! - `REDIS_URL` (`redis://127.0.0.1:6379/`, in a build with the `redis` feature): puts the
+//!   Redis fast path in front of the idempotency store: replays answered from Redis, concurrent
+//!   duplicates kept off the database. Redis is never what keeps the promise; while it is down
+//!   the service runs on its database alone.
+//!
+//! Create an order:
+//!
+//! ```text
+//! curl -i http://127.0.0.1:3000/orders \
+//!   -H 'authorization: Bearer acct_1' \
+//!   -H 'idempotency-key: 8e0c3c3a-4b7f-4a53-9d0e-1f6c2b8a7d11' \
+//!   -H 'content-type: application/json' \
+//!   -d '{"sku":"book-42","quantity":1,"amount_minor":9007199254740993,"currency":"JPY"}'
+//! # HTTP/1.1 201 Created
+//! # location: /orders/5b0e…
+//! ```
+//!
+//! Send exactly the same request again: the same status, `Location` and body, plus
+//! `idempotent-replayed: true`, and still only one order.
+//!
+//! Reuse the key with a different body (here another amount):
+//!
+//! ```text
+//! curl -i http://127.0.0.1:3000/orders \
+//!   -H 'authorization: Bearer acct_1' \
+//!   -H 'idempotency-key: 8e0c3c3a-4b7f-4a53-9d0e-1f6c2b8a7d11' \
+//!   -H 'content-type: application/json' \
+//!   -d '{"sku":"book-42","quantity":1,"amount_minor":9007199254740992,"currency":"JPY"}'
+//! # HTTP/1.1 422 Unprocessable Entity
+//! # {"type":"urn:tower-idempotency:problem:idempotency_key_reused", …, "code":"idempotency_key_reused"}
+//! ```
+//!
+//! List the account's orders, newest first, then follow `next_cursor`:
+//!
+//! ```text
+//! curl -s 'http://127.0.0.1:3000/orders?limit=10' -H 'authorization: Bearer acct_1'
+//! # {"orders":[…],"next_cursor":"eyJ2Ijox….Qm9n…"}
+//! curl -s 'http://127.0.0.1:3000/orders?limit=10&cursor=eyJ2Ijox….Qm9n…' -H 'authorization: Bearer acct_1'
+//! curl -s http://127.0.0.1:3000/orders/5b0e… -H 'authorization: Bearer acct_1'
+//! ```
+//!
+//! ## The interface
+//!
+//! Every error is `application/problem+json` (RFC 9457: `type`, `title`, `status`, `detail`,
+//! `code`). The idempotency layer's own answers (`idempotency_key_missing`,
+//! `idempotency_key_reused`, …) come from the crate.
+//!
+//! A storage failure (a lost or terminated database connection, an aborted transaction, a
+//! statement the database refuses) answers 503 `storage_unavailable` with `Retry-After: 1`,
+//! on every route. On `POST /orders` the layer releases the 503 like any non-2xx answer: the
+//! transaction rolls back, neither the order nor an answer is stored, and a retry with the
+//! same `Idempotency-Key` executes afresh. A genuine bug (no transaction handle, a stored row
+//! that is not a valid order) answers 500 `internal`. Either way the cause goes to stderr,
+//! never to the client.
+//!
+//! - **Authentication**: `Authorization: Bearer <account>`, where the token *is* the account
+//!   id (a stand-in for real authentication): 1 to 64 visible ASCII characters (`!` to `~`),
+//!   the scheme matched case-insensitively. Missing, repeated or malformed: 401
+//!   `unauthenticated` with `WWW-Authenticate: Bearer realm="orders"`, on every route.
+//! - **`POST /orders`**, `Idempotency-Key` required. The body must be `application/json` (or
+//!   `*+json`), else 415 `unsupported_media_type`. Members:
+//!   - `sku`: a string of 1 to 64 characters, no control characters;
+//!   - `quantity`: an integer from 1 to 2^63 − 1;
+//!   - `amount_minor`: a JSON integer literal `>= 0` of any size, kept exactly as written
+//!     (digits only: no sign, fraction or exponent; `1.0` and `1e2` are refused, not
+//!     normalised). JSON itself forbids leading zeros, so `007` never arrives as a number;
+//!     a string such as `"100"` is refused;
+//!   - `currency`: three uppercase ASCII letters (`JPY`); not checked against ISO 4217.
+//!
+//!   Unknown members are **refused** (a misspelt `ammount_minor` must not be silently
+//!   dropped from a payment), as are duplicate members. Any of this: 422
+//!   `validation_failed` with a `detail` naming the problem; nothing is stored, so the
+//!   corrected request may reuse the key. Success: 201, `Location: /orders/{order_id}`,
+//!   `content-type: application/json` and the order.
+//! - **An order** is `{"order_id", "account_id", "sku", "quantity", "amount_minor",
+//!   "currency", "created_at", "idempotency_operation_id"}`. `order_id` is a UUID v4 in
+//!   lowercase hyphenated form; `created_at` is RFC 3339 UTC with microseconds
+//!   (`2025-01-02T03:04:05.000006Z`). `idempotency_operation_id` is the layer's stable id
+//!   for *(account, `orders.create`, key)*: it is the same on every retry, shows which
+//!   request created the order, and is derived one-way (it reveals neither key nor account).
+//! - **`GET /orders/{order_id}`**: the order if it belongs to the caller. Another account's
+//!   order, an unknown id and a malformed id all answer the same 404 `order_not_found`.
+//! - **`GET /orders?limit=&cursor=`**: `{"orders": [...], "next_cursor": string | null}`,
+//!   newest first by `(created_at, order_id)` descending. `limit` is 1 to 100 (default 20);
+//!   anything else is 400 `invalid_limit`. `cursor` is the previous page's `next_cursor`;
+//!   a tampered, malformed, empty or other account's cursor, or one of another version, is
+//!   400 `invalid_cursor`. `next_cursor` is null on the last page. Unknown query
+//!   parameters are ignored; a query that cannot be read (a repeated `limit`, say) is 400
+//!   `invalid_query`.
+//!
+//! The cursor is `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))` where the
+//! payload is JSON `{"v":1,"created_at":<unix microseconds>,"order_id":"…","account":"…"}`
+//! and `account` is a digest of the account id. The account is always the authenticated one;
+//! the cursor only has to match it.
+//!
+//! ## The code
+//!
+//! One module per step, in the order a request meets them:
+//!
+//! - `auth`: `Authorization: Bearer <account>` becomes the account and the idempotency scope;
+//! - `api`: the routes (idempotency on `POST /orders` only) and their handlers;
+//! - `create_request`: the body of `POST /orders`, read strictly;
+//! - `cursor`: the signed pagination cursors;
+//! - `problem`: every error answer;
+//! - `book`: the orders, their rules and their table, shared with the gRPC example;
+//! - `startup` and `shutdown`: opening the database, and stopping cleanly.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use tower_idempotency::BoxError;
+
+mod api;
+mod auth;
+mod book;
+mod create_request;
+mod cursor;
+mod problem;
+mod shutdown;
+mod startup;
+
+use book::created_at::CreatedAt;
+use cursor::CursorCodec;
+use shutdown::shutdown_signal;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match serve().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // Display, not Debug; no startup error repeats DATABASE_URL (it may hold a password).
+            eprintln!("orders: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Opens the database, binds, announces `listening on <addr>` as the first line of stdout,
+/// and serves until Ctrl-C or SIGTERM.
+async fn serve() -> Result<(), BoxError> {
+    let address = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let cursors = CursorCodec::from_env()?;
+    let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
+    let (router, orders) = startup::open(database_url.as_deref(), cursors, Arc::new(CreatedAt::now)).await?;
+    let listener = tokio::net::TcpListener::bind(&address).await?;
+    println!("listening on {}", listener.local_addr()?);
+    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+    // In-flight requests have finished (their transactions are committed or rolled back):
+    // close the database connections.
+    orders.close().await;
+    Ok(())
+}

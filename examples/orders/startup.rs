@@ -1,0 +1,88 @@
+//! Start-up: opens the database `DATABASE_URL` names, creates what is missing, and assembles
+//! the service over an atomic idempotency store on that same database.
+
+use std::str::FromStr;
+
+use axum::Router;
+#[cfg(feature = "postgres")]
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::SqliteConnectOptions;
+#[cfg(feature = "postgres")]
+use tower_idempotency::PostgresStore;
+use tower_idempotency::{BoxError, SqliteStore, Store};
+
+use super::api::{AppState, Clock, app};
+use super::book::storage::{DEFAULT_SQLITE_FILE, OrderBook, connect_sqlite};
+use super::cursor::CursorCodec;
+
+/// Opens the database `database_url` names (see *Storage* in `main.rs`), creates what is
+/// missing, and returns the service with its order book.
+pub(crate) async fn open(
+    database_url: Option<&str>,
+    cursors: CursorCodec,
+    clock: Clock,
+) -> Result<(Router, OrderBook), BoxError> {
+    match database_url {
+        None => open_sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE), cursors, clock).await,
+        Some(url) if url.starts_with("sqlite:") => {
+            open_sqlite(SqliteConnectOptions::from_str(url)?, cursors, clock).await
+        }
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            open_postgres(url, cursors, clock).await
+        }
+        // Not echoed: the URL may carry a password.
+        Some(_) => Err("DATABASE_URL must start with sqlite:, postgres:// or postgresql://".into()),
+    }
+}
+
+/// SQLite: the file of `options`, created if missing.
+async fn open_sqlite(
+    options: SqliteConnectOptions,
+    cursors: CursorCodec,
+    clock: Clock,
+) -> Result<(Router, OrderBook), BoxError> {
+    eprintln!("orders: storage is SQLite, {}", options.get_filename().display());
+    let pool = connect_sqlite(options).await?;
+    // One store per database, cloned wherever it is needed: the SQLite store keeps the
+    // in-process gate that tells a duplicate in flight from a busy database.
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await?;
+    let orders = OrderBook::Sqlite(pool);
+    orders.create_table().await?;
+    Ok((with_fast_path(AppState { orders: orders.clone(), cursors, clock }, store)?, orders))
+}
+
+/// PostgreSQL: the existing database `url` names.
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str, cursors: CursorCodec, clock: Clock) -> Result<(Router, OrderBook), BoxError> {
+    let pool = PgPoolOptions::new().max_connections(16).connect(url).await?;
+    // Atomic is the store's default mode: the claim, the order and the answer are one
+    // transaction.
+    let store = PostgresStore::new(pool.clone());
+    store.migrate().await?;
+    let orders = OrderBook::Postgres(pool);
+    orders.create_table().await?;
+    eprintln!("orders: storage is PostgreSQL");
+    Ok((with_fast_path(AppState { orders: orders.clone(), cursors, clock }, store)?, orders))
+}
+
+/// PostgreSQL in a build without the `postgres` feature: refuse to start, and say how to fix it.
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_url: &str, _cursors: CursorCodec, _clock: Clock) -> Result<(Router, OrderBook), BoxError> {
+    Err("DATABASE_URL names a PostgreSQL database, but this build has no PostgreSQL support; \
+         build with `--features postgres`: cargo run --features postgres --example orders"
+        .into())
+}
+
+/// The service over `store`, behind the Redis fast path (a lock and replay cache in front of
+/// the store) when `REDIS_URL` is set and the build has the `redis` feature.
+fn with_fast_path<St: Store>(state: AppState, store: St) -> Result<Router, BoxError> {
+    #[cfg(feature = "redis")]
+    if let Some(url) = std::env::var("REDIS_URL").ok().filter(|url| !url.is_empty()) {
+        // Lazy: the service starts, on its database alone, even while Redis is down.
+        let fast = tower_idempotency::FastPath::connect(store, &url)?;
+        eprintln!("orders: Redis fast path on");
+        return Ok(app(state, fast));
+    }
+    Ok(app(state, store))
+}
