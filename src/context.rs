@@ -1,5 +1,5 @@
 //! What the handler learns about its idempotent execution: the scoped identity, a stable
-//! operation id and derived downstream keys (CONTRACT §6).
+//! operation id and derived downstream keys ([contract §6](crate::contract#6-coupling-to-the-business-write)).
 //!
 //! The layer inserts an [`IdempotencyContext`] into the request's extensions before it calls
 //! the inner service. Tower users read it from there; axum handlers take it as an extractor

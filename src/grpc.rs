@@ -34,7 +34,7 @@
 //!
 //! `examples/grpc_orders.rs` is a complete service.
 //!
-//! ## What the layer does with a gRPC call (CONTRACT.md, gRPC column)
+//! ## What the layer does with a gRPC call ([contract §3](crate::contract#3-answers), gRPC column)
 //!
 //! - **Which calls.** A request is gRPC when its content type is `application/grpc`,
 //!   `application/grpc+…` or `application/grpc-…` ([`is_grpc`]). It is guarded when its path is

@@ -1,4 +1,4 @@
-//! The `Idempotency-Key` header, the scope, and the scoped record identity (CONTRACT §1).
+//! The `Idempotency-Key` header, the scope, and the scoped record identity ([contract §1](crate::contract#1-the-key)).
 //!
 //! A key is an RFC 8941 sf-string (`"…"`, as the IETF draft says) or a bare token (what most
 //! clients send, such as an unquoted UUID). It must be 1 to 255 visible ASCII characters after

@@ -14,6 +14,10 @@
 //!         ─► classify response ─► finish the claim (store the answer) ─► response
 //! ```
 //!
+//! What the crate promises to the clients of a guarded API (the key, the fingerprint, every
+//! answer with its status and `code`, record states, retention) is written down in
+//! [`contract`].
+//!
 //! Each step lives in its own module: [`key`], [`fingerprint`], [`store`], [`outcome`],
 //! [`problem`], [`context`]; the path itself reads top to bottom in the service's future
 //! (`src/service.rs`).
@@ -119,6 +123,9 @@ mod body;
 mod buffer;
 mod config;
 pub mod context;
+pub mod contract {
+    #![doc = include_str!("../docs/contract.md")]
+}
 #[cfg(feature = "redis")]
 pub mod fast_path;
 pub mod fingerprint;

@@ -1,4 +1,4 @@
-//! Deciding what a handler's response means for the record (CONTRACT §4).
+//! Deciding what a handler's response means for the record ([contract §4](crate::contract#4-what-is-stored-and-what-is-replayed)).
 //!
 //! - *complete*: commit the business write and store the response;
 //! - *reject*: roll the business write back, store the response as a definitive rejection, so
@@ -65,7 +65,7 @@ pub fn default_class(status: http::StatusCode) -> OutcomeClass {
     }
 }
 
-/// The headers stored and replayed by default (CONTRACT §4).
+/// The headers stored and replayed by default ([contract §4](crate::contract#4-what-is-stored-and-what-is-replayed)).
 pub const DEFAULT_STORED_HEADERS: [HeaderName; 7] = [
     header::CONTENT_TYPE,
     header::LOCATION,

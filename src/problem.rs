@@ -1,5 +1,5 @@
 //! The layer's own answers: `application/problem+json` (RFC 9457) for HTTP, with a stable
-//! machine-readable `code` (CONTRACT §3), and the matching trailers-only status for gRPC
+//! machine-readable `code` ([contract §3](crate::contract#3-answers)), and the matching trailers-only status for gRPC
 //! ([`Problem::to_grpc`]).
 //!
 //! ```

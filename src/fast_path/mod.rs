@@ -15,7 +15,7 @@
 //!   or reports the identity in flight. The lock is released with a compare-and-delete script
 //!   when the claim finishes (or is dropped); its TTL bounds a crash.
 //!
-//! Redis is never the safety boundary (CONTRACT §7): the durable store's claim decides who
+//! Redis is never the safety boundary ([contract §7](crate::contract#7-fast-path)): the durable store's claim decides who
 //! runs. Any Redis error or timeout (every call has one, 200 ms by default) sends the request
 //! down the durable path without the lock, is counted in [`FastPath::stats`], and makes the fast
 //! path leave Redis alone for a short cool-down (1 s by default), so an outage costs neither

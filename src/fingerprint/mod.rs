@@ -1,4 +1,4 @@
-//! The versioned request fingerprint (CONTRACT §2).
+//! The versioned request fingerprint ([contract §2](crate::contract#2-the-fingerprint)).
 //!
 //! A retry with the same `Idempotency-Key` must be *the same request*; a
 //! different request under a used key is a client bug and must not get the
