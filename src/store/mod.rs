@@ -25,13 +25,15 @@
 //! # });
 //! ```
 
+mod decide;
 pub mod memory;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-mod sql;
+pub(crate) mod sql;
+
+#[cfg(feature = "postgres")]
+pub use sql::postgres;
 #[cfg(feature = "sqlite")]
-pub mod sqlite;
+pub use sql::sqlite;
 
 use std::future::Future;
 use std::time::Duration;

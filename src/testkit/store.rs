@@ -83,11 +83,7 @@ pub async fn replays_a_stored_failure<S: Store>(store: S) {
     let id = fresh_id("failed");
     let fp = fingerprint(3);
     let declined = StoredResponse::new(StatusCode::PAYMENT_REQUIRED, "declined");
-    claim(&store, BeginRequest::new(&id, &fp))
-        .await
-        .finish(Outcome::Reject(declined.clone()))
-        .await
-        .expect("finish");
+    claim(&store, BeginRequest::new(&id, &fp)).await.finish(Outcome::Reject(declined.clone())).await.expect("finish");
     let record = existing(&store, BeginRequest::new(&id, &fp)).await;
     assert_eq!(record.state, RecordState::Failed);
     assert_eq!(record.response, Some(declined));
