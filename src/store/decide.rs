@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use super::StaleLeasePolicy;
+use super::{Outcome, StaleLeasePolicy};
 use crate::fingerprint::Fingerprint;
-use crate::record::RecordState;
+use crate::record::{RecordState, StoredResponse};
 
 /// What a store found under the identity, with the clock comparisons already made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,13 +66,28 @@ pub(crate) fn decide(found: &Found, fingerprint: &Fingerprint, policy: StaleLeas
     }
 }
 
-/// The state a claim's outcome moves its `processing` record to, checked against the state
-/// machine of [`RecordState::can_become`].
-pub(crate) const fn finished_state(stored_failure: bool) -> RecordState {
-    let next = if stored_failure { RecordState::Failed } else { RecordState::Completed };
-    assert!(RecordState::Processing.can_become(next));
-    next
+/// What a claim's outcome leaves under its identity: `None` for a release (no record); else
+/// the state its `processing` record moves to, checked against the state machine of
+/// [`RecordState::can_become`], and the response it stores.
+pub(crate) fn stored_outcome(outcome: Outcome) -> Option<(RecordState, StoredResponse)> {
+    match outcome {
+        Outcome::Release => None,
+        Outcome::Complete(response) => Some((COMPLETED, response)),
+        Outcome::Reject(response) => Some((FAILED, response)),
+    }
 }
+
+/// The state of a claim that stored its answer.
+const COMPLETED: RecordState = {
+    assert!(RecordState::Processing.can_become(RecordState::Completed));
+    RecordState::Completed
+};
+
+/// The state of a claim that stored a definitive rejection.
+const FAILED: RecordState = {
+    assert!(RecordState::Processing.can_become(RecordState::Failed));
+    RecordState::Failed
+};
 
 /// The state a dead holder's record moves to, checked against the state machine.
 pub(crate) const ABANDONED: RecordState = {

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::decide::{ABANDONED, Decision, EXPIRED, Found, decide, finished_state};
+use super::decide::{ABANDONED, Decision, EXPIRED, Found, decide, stored_outcome};
 use super::{Begin, BeginRequest, Claim, FinishError, NoHandle, Outcome, Retention, Store, StoreError};
 use crate::key::RecordId;
 use crate::record::{Record, RecordState};
@@ -288,13 +288,9 @@ impl Claim for MemoryClaim {
             return Err(FinishError::ClaimLost);
         }
         let now = Instant::now();
-        let (state, response) = match outcome {
-            Outcome::Release => {
-                records.remove(&self.id);
-                return Ok(());
-            }
-            Outcome::Complete(response) => (finished_state(false), response),
-            Outcome::Reject(response) => (finished_state(true), response),
+        let Some((state, response)) = stored_outcome(outcome) else {
+            records.remove(&self.id);
+            return Ok(());
         };
         entry.record.state = state;
         entry.record.response = Some(response);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::{Database, SqlStr};
 
-use super::RecordRow;
+use super::{RecordRow, millis};
 use crate::store::StoreError;
 
 /// A statement's argument, as the shared statements produce it.
@@ -45,33 +45,52 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// The sqlx database.
     type Db: Database;
 
-    /// The `n`th parameter (1-based).
-    fn param(n: usize) -> String;
-
-    /// The value of "now" to bind as a statement's last parameter, or `None` where the
-    /// database's own clock is read in the statement.
-    fn now_value() -> Option<i64>;
-
-    /// "Now" in a statement whose last parameter, if bound, is number `n`.
-    fn now(n: usize) -> String;
-
-    /// The point in time that parameter `n` stands for, `n` carrying [`later_arg`](Self::later_arg).
-    fn later(n: usize) -> String;
-
-    /// The argument for [`later`](Self::later): `after` past `now`.
-    fn later_arg(now: Option<i64>, after: Duration) -> Arg;
-
-    /// Whole milliseconds from `now` until the time in `column` (negative: passed).
-    fn millis_until(column: &str, now: &str) -> String;
+    /// What a parameter's number follows (`$` or `?`).
+    const SIGIL: &'static str;
 
     /// The literal false, for `COALESCE` over a comparison with `NULL`.
     const FALSE: &'static str;
 
     /// What follows the purge's batch selection (row locks skipped by concurrent purges).
-    const BATCH_LOCK: &'static str;
+    const BATCH_LOCK: &'static str = "";
 
-    /// Whether a fenced write's error means the write surely never ran.
-    fn never_ran(error: &sqlx::Error) -> bool;
+    /// The `n`th parameter (1-based).
+    fn param(n: usize) -> String {
+        format!("{}{n}", Self::SIGIL)
+    }
+
+    /// The value of "now" to bind as a statement's last parameter, or `None` where the
+    /// database's own clock is read in the statement.
+    fn now_value() -> Option<i64> {
+        None
+    }
+
+    /// "Now" in a statement whose last parameter, if bound, is number `n` (by default, that
+    /// parameter).
+    fn now(n: usize) -> String {
+        Self::param(n)
+    }
+
+    /// The point in time that parameter `n` stands for, `n` carrying [`later_arg`](Self::later_arg)
+    /// (by default, the parameter is that time itself).
+    fn later(n: usize) -> String {
+        Self::param(n)
+    }
+
+    /// The argument for [`later`](Self::later): `after` past `now` (by default, in the
+    /// milliseconds of the bound "now").
+    fn later_arg(now: Option<i64>, after: Duration) -> Arg {
+        Arg::Int(now.map(|now| now.saturating_add(millis(after))))
+    }
+
+    /// Whole milliseconds from `now` until the time in `column` (negative: passed).
+    fn millis_until(column: &str, now: &str) -> String;
+
+    /// Whether a fenced write's error means the write surely never ran (by default, no error
+    /// says so).
+    fn never_ran(_error: &sqlx::Error) -> bool {
+        false
+    }
 
     /// Runs `statement` on `conn`; how many rows it changed.
     fn execute(

@@ -4,7 +4,7 @@
 use super::dialect::Dialect;
 use super::{Records, unavailable};
 use crate::key::RecordId;
-use crate::store::decide::finished_state;
+use crate::store::decide::stored_outcome;
 use crate::store::{BeginRequest, FinishError, Outcome, Retention};
 
 /// A leased claim on a SQL store's record.
@@ -35,14 +35,9 @@ impl<D: Dialect> LeasedClaim<D> {
     pub(crate) async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {
         self.finished = true;
         let statements = &self.records.statements;
-        let statement = match &outcome {
-            Outcome::Release => statements.release(&self.id, self.token),
-            Outcome::Complete(response) => {
-                statements.finish(&self.id, self.token, finished_state(false), response, self.retention)
-            }
-            Outcome::Reject(response) => {
-                statements.finish(&self.id, self.token, finished_state(true), response, self.retention)
-            }
+        let statement = match stored_outcome(outcome) {
+            None => statements.release(&self.id, self.token),
+            Some((state, response)) => statements.finish(&self.id, self.token, state, &response, self.retention),
         };
         match self.records.execute(statement).await {
             Ok(1) => Ok(()),

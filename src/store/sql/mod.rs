@@ -3,6 +3,7 @@
 //! What differs between PostgreSQL and SQLite is their [`Dialect`](dialect::Dialect) and
 //! their atomic claims.
 
+mod claim;
 mod dialect;
 mod leased;
 #[cfg(feature = "postgres")]

@@ -10,7 +10,6 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::dialect::{Arg, Bound, Dialect};
-use super::millis;
 use crate::key::RecordId;
 use crate::record::{RecordState, StoredResponse};
 use crate::store::decide::{ABANDONED, EXPIRED};
@@ -205,9 +204,4 @@ impl<D: Dialect> Statements<D> {
 /// The arguments that pick a claim's own record: its identity and fencing token.
 fn fenced(id: &RecordId, token: i64) -> Vec<Arg> {
     vec![Arg::Bytes(id.digest().to_vec()), Arg::Int(Some(token))]
-}
-
-/// Milliseconds of `after` past `now`, saturating: a time for a dialect that binds "now".
-pub(crate) fn millis_after(now: i64, after: Duration) -> i64 {
-    now.saturating_add(millis(after))
 }

@@ -8,13 +8,14 @@ use sqlx::{AssertSqlSafe, Postgres, SqlSafeStr, SqlStr};
 use tokio::time::Instant;
 
 use super::super::RecordRow;
+use super::super::claim::{self, Held};
 use super::super::tx::{ManagedTx, OpenTx, TxHandle};
 use super::super::{millis, unavailable};
-use super::{Held, Pg, PgClaim, PostgresStore, record_row};
+use super::{Pg, PgClaim, PostgresStore, record_row};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
+use crate::record::RecordState;
 use crate::record::StoredResponse;
-use crate::store::decide::finished_state;
 use crate::store::sql::dialect::Dialect;
 use crate::store::{Begin, BeginRequest, FinishError, Outcome, Retention, StaleLeasePolicy, StoreError};
 
@@ -109,7 +110,7 @@ pub(super) struct AtomicClaim {
     /// The claim deleted a forgotten record or a dead lease (so must a fresh claim).
     replace: bool,
     /// The transaction, until the claim is finished.
-    pub(super) handle: Option<TxHandle<Postgres>>,
+    handle: Option<TxHandle<Postgres>>,
 }
 
 impl AtomicClaim {
@@ -131,25 +132,18 @@ impl AtomicClaim {
         }
     }
 
-    pub(super) async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {
-        let handle = self.handle.take().expect("an unfinished claim holds its transaction");
-        let mut tx = handle.take_to_finish().await?;
-        let (state, response) = match outcome {
-            Outcome::Release => {
-                tx.discard().await;
-                return Ok(());
-            }
-            Outcome::Complete(response) => (finished_state(false), response),
-            Outcome::Reject(response) => {
-                // The handler's writes go; the failure is stored under a fresh claim. (A
-                // savepoint would keep the first claim, but costs a subtransaction on every
-                // request for the sake of this rare path.) A duplicate that claims in between
-                // wins, and this answer is not stored.
-                tx.discard().await;
-                tx = self.reclaim().await?;
-                (finished_state(true), response)
-            }
+    async fn finish_atomic(mut self, outcome: Outcome) -> Result<(), FinishError> {
+        let Some((mut tx, state, response)) = claim::take_to_store(&mut self.handle, outcome).await? else {
+            return Ok(());
         };
+        if state == RecordState::Failed {
+            // The handler's writes go; the failure is stored under a fresh claim. (A savepoint
+            // would keep the first claim, but costs a subtransaction on every request for the
+            // sake of this rare path.) A duplicate that claims in between wins, and this answer
+            // is not stored.
+            tx.discard().await;
+            tx = self.reclaim().await?;
+        }
         // The record is written once, with its outcome (atomic mode never commits a
         // `processing` row), and committed in the same round trip. The primary key decides: if
         // another record holds the identity, the INSERT fails, the COMMIT after it never runs,
@@ -197,6 +191,18 @@ impl AtomicClaim {
                 Err(if lost { FinishError::ClaimLost } else { FinishError::Store(unavailable(error)) })
             }
         }
+    }
+}
+
+impl claim::AtomicClaim for AtomicClaim {
+    type Db = Postgres;
+
+    fn handle(&self) -> Option<TxHandle<Postgres>> {
+        self.handle.clone()
+    }
+
+    async fn finish(self, outcome: Outcome) -> Result<(), FinishError> {
+        self.finish_atomic(outcome).await
     }
 }
 

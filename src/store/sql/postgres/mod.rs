@@ -64,12 +64,12 @@ mod atomic;
 
 use self::atomic::{AtomicClaim, AtomicStatements, is_retryable};
 pub use super::InvalidIdentifier;
+use super::claim::{Held, sql_store_surface};
 use super::dialect::{Arg, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
-use super::tx::TxHandle;
 use super::{Records, check_identifier, migrator, millis, unavailable};
-use crate::store::{Begin, BeginRequest, Claim, CouplingMode, FinishError, Outcome, Store, StoreError};
+use crate::store::{Begin, BeginRequest, CouplingMode, StoreError};
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/postgres/0001_create_records.sql");
 
@@ -78,18 +78,14 @@ const MIGRATION_0001: &str = include_str!("../../../../migrations/postgres/0001_
 #[derive(Debug, Clone, Copy)]
 struct Pg;
 
-bind_and_decode!(Postgres, PgRow);
-
 impl Dialect for Pg {
     type Db = Postgres;
 
-    fn param(n: usize) -> String {
-        format!("${n}")
-    }
+    const SIGIL: &'static str = "$";
 
-    fn now_value() -> Option<i64> {
-        None
-    }
+    const FALSE: &'static str = "false";
+
+    const BATCH_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
 
     fn now(_: usize) -> String {
         "clock_timestamp()".into()
@@ -107,16 +103,10 @@ impl Dialect for Pg {
         format!("(EXTRACT(EPOCH FROM ({column} - {now})) * 1000)::bigint")
     }
 
-    const FALSE: &'static str = "false";
-
-    const BATCH_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
-
-    fn never_ran(_: &sqlx::Error) -> bool {
-        false
-    }
-
     run_bound_statements!(Postgres);
 }
+
+bind_and_decode!(Postgres, PgRow);
 
 /// A PostgreSQL-backed [`Store`].
 #[derive(Clone)]
@@ -153,22 +143,6 @@ impl PostgresStore {
     pub fn table(self, table: &str) -> Result<Self, InvalidIdentifier> {
         check_identifier(table)?;
         Ok(Self::build(self.records.pool, self.records.mode, &self.schema, table))
-    }
-
-    /// The coupling mode: [`CouplingMode::Atomic`] (default) or [`CouplingMode::Leased`].
-    pub fn mode(mut self, mode: CouplingMode) -> Self {
-        self.records.mode = mode;
-        self
-    }
-
-    /// The same store in leased mode.
-    pub fn leased(self) -> Self {
-        self.mode(CouplingMode::Leased)
-    }
-
-    /// The pool this store uses.
-    pub fn pool(&self) -> &PgPool {
-        &self.records.pool
     }
 
     /// Creates or upgrades the schema, table, sequence and indexes. Safe to run concurrently and
@@ -221,53 +195,8 @@ impl PostgresStore {
     }
 }
 
-impl Store for PostgresStore {
-    type Claim = PgClaim;
-
-    async fn begin(&self, request: BeginRequest<'_>) -> Result<Begin<PgClaim>, StoreError> {
-        match self.records.mode {
-            CouplingMode::Atomic => self.begin_atomic(&request).await,
-            CouplingMode::Leased => self.begin_leased(&request).await,
-        }
-    }
-
-    async fn purge(&self, limit: usize) -> Result<usize, StoreError> {
-        self.records.purge(limit).await
-    }
-}
-
 /// A claim on a [`PostgresStore`] record: a live transaction (atomic) or a lease (leased).
 #[derive(Debug)]
-pub struct PgClaim(Held);
+pub struct PgClaim(Held<AtomicClaim, Pg>);
 
-/// What a [`PgClaim`] holds.
-#[derive(Debug)]
-enum Held {
-    Atomic(AtomicClaim),
-    Leased(LeasedClaim<Pg>),
-}
-
-impl Claim for PgClaim {
-    type Handle = TxHandle<Postgres>;
-
-    fn handle(&self) -> Option<TxHandle<Postgres>> {
-        match &self.0 {
-            Held::Atomic(claim) => claim.handle.clone(),
-            Held::Leased(_) => None,
-        }
-    }
-
-    fn fencing_token(&self) -> Option<u64> {
-        match &self.0 {
-            Held::Atomic(_) => None,
-            Held::Leased(claim) => Some(claim.token() as u64),
-        }
-    }
-
-    async fn finish(self, outcome: Outcome) -> Result<(), FinishError> {
-        match self.0 {
-            Held::Atomic(claim) => claim.finish(outcome).await,
-            Held::Leased(claim) => claim.finish(outcome).await,
-        }
-    }
-}
+sql_store_surface!(PostgresStore, PgPool, PgClaim, Postgres);

@@ -97,14 +97,15 @@ use tokio::time::Instant;
 
 use self::gates::{Gate, Gates};
 pub use super::InvalidIdentifier;
-use super::dialect::{Arg, Bound, Dialect, bind_and_decode, run_bound_statements};
+use super::claim::{self, Held, sql_store_surface};
+use super::dialect::{Bound, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
-use super::statements::{Statements, millis_after};
+use super::statements::Statements;
 use super::tx::TxHandle;
 use super::{Records, check_identifier, migrator, millis, unavailable};
 use crate::key::RecordId;
-use crate::store::decide::finished_state;
-use crate::store::{Begin, BeginRequest, Claim, CouplingMode, FinishError, Outcome, Retention, Store, StoreError};
+use crate::record::RecordState;
+use crate::store::{Begin, BeginRequest, CouplingMode, FinishError, Outcome, Retention, StoreError};
 
 mod gates;
 
@@ -129,35 +130,20 @@ bind_and_decode!(Sqlite, SqliteRow);
 impl Dialect for Lite {
     type Db = Sqlite;
 
-    fn param(n: usize) -> String {
-        format!("?{n}")
-    }
+    const SIGIL: &'static str = "?";
+
+    const FALSE: &'static str = "0";
+
+    // No BATCH_LOCK: SQLite has no SKIP LOCKED, nor needs it, as the purge holds the write lock
+    // for one statement.
 
     fn now_value() -> Option<i64> {
         Some(now_ms())
     }
 
-    fn now(n: usize) -> String {
-        Self::param(n)
-    }
-
-    fn later(n: usize) -> String {
-        Self::param(n)
-    }
-
-    fn later_arg(now: Option<i64>, after: Duration) -> Arg {
-        Arg::Int(Some(millis_after(now.unwrap_or_else(now_ms), after)))
-    }
-
     fn millis_until(column: &str, now: &str) -> String {
         format!("{column} - {now}")
     }
-
-    const FALSE: &'static str = "0";
-
-    /// None needed: SQLite has no SKIP LOCKED, and the purge holds the write lock for one
-    /// statement.
-    const BATCH_LOCK: &'static str = "";
 
     /// A busy write lock means the write never ran.
     fn never_ran(error: &sqlx::Error) -> bool {
@@ -195,22 +181,6 @@ impl SqliteStore {
     pub fn table(self, table: &str) -> Result<Self, InvalidIdentifier> {
         check_identifier(table)?;
         Ok(Self::build(self.records.pool, self.records.mode, table))
-    }
-
-    /// The coupling mode: [`CouplingMode::Atomic`] (default) or [`CouplingMode::Leased`].
-    pub fn mode(mut self, mode: CouplingMode) -> Self {
-        self.records.mode = mode;
-        self
-    }
-
-    /// The same store in leased mode.
-    pub fn leased(self) -> Self {
-        self.mode(CouplingMode::Leased)
-    }
-
-    /// The pool this store uses.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.records.pool
     }
 
     /// Creates or upgrades the table, the fencing counter and the indexes. Safe to run
@@ -320,63 +290,11 @@ impl SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
-    type Claim = SqliteClaim;
-
-    async fn begin(&self, request: BeginRequest<'_>) -> Result<Begin<SqliteClaim>, StoreError> {
-        match self.records.mode {
-            CouplingMode::Atomic => self.begin_atomic(&request).await,
-            CouplingMode::Leased => self.begin_leased(&request).await,
-        }
-    }
-
-    async fn purge(&self, limit: usize) -> Result<usize, StoreError> {
-        self.records.purge(limit).await
-    }
-}
-
 /// A claim on a [`SqliteStore`] record: a live write transaction (atomic) or a lease (leased).
 #[derive(Debug)]
-pub struct SqliteClaim(Held);
+pub struct SqliteClaim(Held<AtomicClaim, Lite>);
 
-/// What a [`SqliteClaim`] holds.
-#[derive(Debug)]
-enum Held {
-    Atomic(AtomicClaim),
-    Leased(LeasedClaim<Lite>),
-}
-
-impl Claim for SqliteClaim {
-    type Handle = TxHandle<Sqlite>;
-
-    fn handle(&self) -> Option<TxHandle<Sqlite>> {
-        match &self.0 {
-            Held::Atomic(claim) => claim.handle.clone(),
-            Held::Leased(_) => None,
-        }
-    }
-
-    /// Leased claims only: an atomic claim is fenced by its transaction.
-    fn fencing_token(&self) -> Option<u64> {
-        match &self.0 {
-            Held::Atomic(_) => None,
-            Held::Leased(claim) => Some(claim.token() as u64),
-        }
-    }
-
-    async fn finish(self, outcome: Outcome) -> Result<(), FinishError> {
-        match self.0 {
-            Held::Atomic(mut claim) => {
-                let finished = claim.finish(outcome).await;
-                // The gate opens only now, after the COMMIT or rollback: a duplicate that gets
-                // through it reads the outcome.
-                drop(claim.gate.take());
-                finished
-            }
-            Held::Leased(claim) => claim.finish(outcome).await,
-        }
-    }
-}
+sql_store_surface!(SqliteStore, SqlitePool, SqliteClaim, Sqlite);
 
 /// An atomic claim: the write transaction the handler writes in, holding the claim's row and
 /// the identity's gate.
@@ -393,24 +311,32 @@ struct AtomicClaim {
     gate: Option<Gate>,
 }
 
+impl claim::AtomicClaim for AtomicClaim {
+    type Db = Sqlite;
+
+    fn handle(&self) -> Option<TxHandle<Sqlite>> {
+        self.handle.clone()
+    }
+
+    async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {
+        let finished = self.store_and_commit(outcome).await;
+        // The gate opens only now, after the COMMIT or rollback: a duplicate that gets through
+        // it reads the outcome.
+        drop(self.gate.take());
+        finished
+    }
+}
+
 impl AtomicClaim {
-    async fn finish(&mut self, outcome: Outcome) -> Result<(), FinishError> {
-        let handle = self.handle.take().expect("an unfinished claim holds its transaction");
-        let mut tx = handle.take_to_finish().await?;
-        let (state, response) = match outcome {
-            Outcome::Release => {
-                tx.discard().await;
-                return Ok(());
-            }
-            Outcome::Complete(response) => (finished_state(false), response),
-            Outcome::Reject(response) => {
-                sqlx::raw_sql(ROLLBACK_TO_CLAIM)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| FinishError::Store(unavailable(e)))?;
-                (finished_state(true), response)
-            }
+    async fn store_and_commit(&mut self, outcome: Outcome) -> Result<(), FinishError> {
+        let Some((mut tx, state, response)) = claim::take_to_store(&mut self.handle, outcome).await? else {
+            return Ok(());
         };
+        if state == RecordState::Failed {
+            // The handler's writes go back to the savepoint; the claim stays.
+            let rollback = sqlx::raw_sql(ROLLBACK_TO_CLAIM).execute(&mut *tx).await;
+            rollback.map_err(|e| FinishError::Store(unavailable(e)))?;
+        }
         let finish = self.records.statements.finish(&self.id, self.token, state, &response, self.retention);
         match Lite::execute(&mut tx, finish).await {
             Ok(1) => {}
