@@ -1,8 +1,8 @@
 //! [`PostgresStore`] (feature `postgres`): records in a PostgreSQL table, in atomic or leased
 //! mode.
 //!
-//! - **Atomic** (the default): [`Store::begin`] opens a transaction, claims the identity in it
-//!   and hands the transaction to the handler as a [`TxHandle`]. The handler's business writes,
+//! - **Atomic** (the default): [`Store::begin`](crate::store::Store::begin) opens a transaction, claims the identity in it
+//!   and hands the transaction to the handler as a [`TxHandle`](crate::tx::TxHandle). The handler's business writes,
 //!   the stored response and the claim commit together, or not at all. A concurrent duplicate
 //!   waits on the first transaction's lock on the identity for at most the configured wait
 //!   (PostgreSQL's `lock_timeout`, not a sleep loop), then sees its outcome.
@@ -24,7 +24,7 @@
 //!    waits for the first request's COMMIT or ROLLBACK, then sees its outcome. A record that
 //!    the read found forgotten (or a dead lease, on a re-executable route) is deleted here,
 //!    under the lock, in the same round trip.
-//! 3. The handler's own statements, on the transaction's connection ([`TxHandle`]).
+//! 3. The handler's own statements, on the transaction's connection ([`TxHandle`](crate::tx::TxHandle)).
 //! 4. The record, written once with its outcome by the migration's `<table>_store` function (a
 //!    plain INSERT, planned once per session), and `COMMIT`, in one round trip. Atomic mode
 //!    never commits a `processing` row. The primary key decides here: if another record holds
@@ -108,7 +108,7 @@ impl Dialect for Pg {
 
 bind_and_decode!(Postgres, PgRow);
 
-/// A PostgreSQL-backed [`Store`].
+/// A PostgreSQL-backed [`Store`](crate::store::Store).
 #[derive(Clone)]
 pub struct PostgresStore {
     records: Records<Pg>,

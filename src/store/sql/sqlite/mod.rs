@@ -1,6 +1,6 @@
 //! [`SqliteStore`] (feature `sqlite`): records in a SQLite table, in atomic or leased mode.
 //!
-//! - **Atomic** (the default): [`Store::begin`] opens a write transaction (`BEGIN IMMEDIATE`),
+//! - **Atomic** (the default): [`Store::begin`](crate::store::Store::begin) opens a write transaction (`BEGIN IMMEDIATE`),
 //!   claims the identity in it and hands the transaction to the handler as a [`TxHandle`]. The
 //!   handler's business writes, the stored response and the claim commit together, or not at
 //!   all.
@@ -75,7 +75,7 @@
 //! sequences), bumped in the claim's own write transaction, so tokens keep increasing after rows
 //! are released or purged. A leased claim's bump commits with the claim. An atomic claim's bump
 //! rolls back with it when it stores nothing; that is harmless, because an atomic claim hands
-//! out no token ([`Claim::fencing_token`] is `None`: the transaction fences the handler) and
+//! out no token ([`Claim::fencing_token`](crate::store::Claim::fencing_token) is `None`: the transaction fences the handler) and
 //! leaves no row, so no holder of that token can exist.
 //!
 //! **Leased waits** poll the record with backoff (10 ms doubling to 200 ms), never past the
@@ -153,7 +153,7 @@ impl Dialect for Lite {
     run_bound_statements!(Sqlite);
 }
 
-/// A SQLite-backed [`Store`].
+/// A SQLite-backed [`Store`](crate::store::Store).
 #[derive(Clone)]
 pub struct SqliteStore {
     records: Records<Lite>,
