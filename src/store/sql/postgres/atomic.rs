@@ -355,3 +355,26 @@ async fn rollback_and_read(mut conn: PoolConnection<Postgres>, read: &str) -> Re
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AtomicStatements;
+    use crate::store::sql::statements::Statements;
+
+    /// The atomic path's read goes over the wire as it did before the statements were written
+    /// once for both dialects: a retry's read is part of the tuned protocol.
+    #[test]
+    fn the_atomic_read_is_the_tuned_statement() {
+        let statements = Statements::<super::Pg>::new("\"s\".\"t\"", "ON CONSTRAINT \"t_pkey\"", |_| String::new());
+        let atomic = AtomicStatements::new("s", "t", &statements.columns);
+        assert_eq!(
+            atomic.read_template,
+            "SELECT state, fingerprint_version, fingerprint, fencing_token, \
+             (EXTRACT(EPOCH FROM (lease_until - clock_timestamp())) * 1000)::bigint, \
+             COALESCE(response_until <= clock_timestamp(), false), \
+             COALESCE(forget_at <= clock_timestamp(), false), \
+             response_status, response_headers, response_body \
+             FROM \"s\".\"t\" WHERE record_id = E'\\\\x{id}'::bytea"
+        );
+    }
+}
