@@ -195,18 +195,19 @@ impl Store for MemoryStore {
         loop {
             let (mut waiter, lease_until) = {
                 let mut records = self.lock();
-                let decision = match records.get_mut(request.id) {
-                    None => Decision::Claim,
-                    Some(entry) => decide(&entry.found(now), request.fingerprint, request.stale_lease),
-                };
-                if decision == Decision::Claim {
+                let Some(entry) = records.get_mut(request.id) else {
                     let token = self.token();
                     records.insert(*request.id, self.new_entry(&request, now, token));
                     return Ok(Begin::Claimed(self.claim(&request, token)));
-                }
-                let entry = records.get_mut(request.id).expect("decided on an entry");
-                match decision {
-                    Decision::Claim | Decision::Answer(_) => return Ok(Begin::Existing(entry.record.clone())),
+                };
+                match decide(&entry.found(now), request.fingerprint, request.stale_lease) {
+                    // Past its tombstone time: the record is as good as absent.
+                    Decision::Claim => {
+                        let token = self.token();
+                        *entry = self.new_entry(&request, now, token);
+                        return Ok(Begin::Claimed(self.claim(&request, token)));
+                    }
+                    Decision::Answer(_) => return Ok(Begin::Existing(entry.record.clone())),
                     Decision::MarkUnknown => {
                         entry.record.state = ABANDONED;
                         entry.waiters = None;
