@@ -143,8 +143,6 @@ mod service;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub mod tx;
 
 pub use body::IdempotencyBody;
 pub use config::{RolloutMode, RolloutSwitch};
@@ -163,6 +161,8 @@ pub use store::StaleLeasePolicy;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PostgresStore;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use store::sql::tx;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
 pub use store::{Begin, BeginRequest, Claim, CouplingMode, Outcome, Retention, Store};

@@ -19,9 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{
-    Begin, BeginRequest, Claim, FinishError, NoHandle, Outcome, Retention, StaleLeasePolicy, Store, StoreError,
-};
+use super::decide::{ABANDONED, Decision, EXPIRED, Found, decide, stored_outcome};
+use super::{Begin, BeginRequest, Claim, FinishError, NoHandle, Outcome, Retention, Store, StoreError};
 use crate::key::RecordId;
 use crate::record::{Record, RecordState};
 
@@ -99,7 +98,7 @@ struct Entry {
     retention: Retention,
     /// Closed (dropped) when the record leaves `processing` or its holder gives up:
     /// every waiter wakes and looks again.
-    settled: Option<watch::Sender<()>>,
+    waiters: Option<watch::Sender<()>>,
 }
 
 impl Entry {
@@ -109,12 +108,24 @@ impl Entry {
             && now >= until
             && matches!(self.record.state, RecordState::Completed | RecordState::Failed)
         {
-            self.record.state = RecordState::Expired;
+            self.record.state = EXPIRED;
             self.record.response = None;
             self.response_until = None;
             self.tombstone_until = Some(until + self.retention.tombstone);
         }
         !matches!(self.tombstone_until, Some(until) if now >= until)
+    }
+
+    /// The entry as the shared decision sees it, retention applied as of `now`.
+    fn found(&mut self, now: Instant) -> Found {
+        let forgotten = !self.age(now);
+        Found {
+            state: self.record.state,
+            fingerprint: self.record.fingerprint,
+            lease_left: self.lease_until.saturating_duration_since(now),
+            response_expired: false,
+            forgotten,
+        }
     }
 }
 
@@ -152,7 +163,7 @@ impl MemoryStore {
     }
 
     fn claim(&self, request: &BeginRequest<'_>, token: u64) -> MemoryClaim {
-        MemoryClaim { store: self.clone(), id: *request.id, token, settled: false }
+        MemoryClaim { store: self.clone(), id: *request.id, token, finished: false }
     }
 
     fn new_entry(&self, request: &BeginRequest<'_>, now: Instant, token: u64) -> Entry {
@@ -164,7 +175,7 @@ impl MemoryStore {
             tombstone_until: None,
             retention: request.retention,
             // Made when the first duplicate waits: most claims are never waited on.
-            settled: None,
+            waiters: None,
         }
     }
 }
@@ -184,42 +195,41 @@ impl Store for MemoryStore {
         loop {
             let (mut waiter, lease_until) = {
                 let mut records = self.lock();
-                let keep = records.get_mut(request.id).map(|entry| entry.age(now));
-                if keep == Some(false) {
-                    records.remove(request.id);
-                }
                 let Some(entry) = records.get_mut(request.id) else {
                     let token = self.token();
                     records.insert(*request.id, self.new_entry(&request, now, token));
                     return Ok(Begin::Claimed(self.claim(&request, token)));
                 };
-                if entry.record.state != RecordState::Processing || entry.record.fingerprint != *request.fingerprint {
-                    return Ok(Begin::Existing(entry.record.clone()));
-                }
-                if now >= entry.lease_until {
-                    match request.stale_lease {
-                        StaleLeasePolicy::MarkUnknown => {
-                            entry.record.state = RecordState::Unknown;
-                            entry.settled = None;
-                            return Ok(Begin::Existing(entry.record.clone()));
-                        }
-                        StaleLeasePolicy::Reexecute => {
-                            let token = self.token();
-                            entry.token = token;
-                            entry.lease_until = now + request.lease;
-                            entry.retention = request.retention;
-                            entry.settled = None;
-                            return Ok(Begin::Claimed(self.claim(&request, token)));
-                        }
+                match decide(&entry.found(now), request.fingerprint, request.stale_lease) {
+                    // Past its tombstone time: the record is as good as absent.
+                    Decision::Claim => {
+                        let token = self.token();
+                        *entry = self.new_entry(&request, now, token);
+                        return Ok(Begin::Claimed(self.claim(&request, token)));
                     }
+                    Decision::Answer(_) => return Ok(Begin::Existing(entry.record.clone())),
+                    Decision::MarkUnknown => {
+                        entry.record.state = ABANDONED;
+                        entry.waiters = None;
+                        return Ok(Begin::Existing(entry.record.clone()));
+                    }
+                    Decision::TakeOver => {
+                        let token = self.token();
+                        entry.token = token;
+                        entry.lease_until = now + request.lease;
+                        entry.retention = request.retention;
+                        entry.waiters = None;
+                        return Ok(Begin::Claimed(self.claim(&request, token)));
+                    }
+                    Decision::Wait { lease_left } if now >= deadline => {
+                        return Ok(Begin::InFlight { retry_after: lease_left.min(request.lease) });
+                    }
+                    Decision::Wait { .. } => {}
                 }
-                if now >= deadline {
-                    return Ok(Begin::InFlight { retry_after: (entry.lease_until - now).min(request.lease) });
-                }
-                let sender = entry.settled.get_or_insert_with(|| watch::channel(()).0);
+                let sender = entry.waiters.get_or_insert_with(|| watch::channel(()).0);
                 (sender.subscribe(), entry.lease_until)
             };
-            // Woken when the holder settles or gives up; else at the deadline or lease end.
+            // Woken when the holder finishes or gives up; else at the deadline or lease end.
             let _ = tokio::time::timeout_at(deadline.min(lease_until), waiter.changed()).await;
             now = Instant::now();
         }
@@ -255,7 +265,7 @@ pub struct MemoryClaim {
     store: MemoryStore,
     id: RecordId,
     token: u64,
-    settled: bool,
+    finished: bool,
 }
 
 impl Claim for MemoryClaim {
@@ -270,7 +280,7 @@ impl Claim for MemoryClaim {
     }
 
     async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {
-        self.settled = true;
+        self.finished = true;
         let mut records = self.store.lock();
         let Some(entry) = records.get_mut(&self.id) else {
             return Err(FinishError::ClaimLost);
@@ -279,18 +289,14 @@ impl Claim for MemoryClaim {
             return Err(FinishError::ClaimLost);
         }
         let now = Instant::now();
-        let (state, response) = match outcome {
-            Outcome::Release => {
-                records.remove(&self.id);
-                return Ok(());
-            }
-            Outcome::Complete(response) => (RecordState::Completed, response),
-            Outcome::Reject(response) => (RecordState::Failed, response),
+        let Some((state, response)) = stored_outcome(outcome) else {
+            records.remove(&self.id);
+            return Ok(());
         };
         entry.record.state = state;
         entry.record.response = Some(response);
         entry.response_until = Some(now + entry.retention.response);
-        entry.settled = None;
+        entry.waiters = None;
         Ok(())
     }
 }
@@ -299,7 +305,7 @@ impl Drop for MemoryClaim {
     /// An unfinished claim gives up its lease at once, so the next retry applies the
     /// stale-lease policy instead of waiting for the lease to run out.
     fn drop(&mut self) {
-        if self.settled {
+        if self.finished {
             return;
         }
         let mut records = self.store.lock();
@@ -308,7 +314,7 @@ impl Drop for MemoryClaim {
             && entry.record.state == RecordState::Processing
         {
             entry.lease_until = Instant::now();
-            entry.settled = None;
+            entry.waiters = None;
         }
     }
 }

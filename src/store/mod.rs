@@ -25,18 +25,19 @@
 //! # });
 //! ```
 
+mod decide;
 pub mod memory;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-mod sql;
+pub(crate) mod sql;
+
+#[cfg(feature = "postgres")]
+pub use sql::postgres;
 #[cfg(feature = "sqlite")]
-pub mod sqlite;
+pub use sql::sqlite;
 
 use std::future::Future;
 use std::time::Duration;
 
-use crate::BoxError;
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::record::{Record, StoredResponse};
@@ -171,7 +172,7 @@ pub enum Outcome {
 pub enum StoreError {
     /// The store is unreachable or failed; nothing was claimed.
     #[error("idempotency store unavailable")]
-    Unavailable(#[source] BoxError),
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The store answered with data it cannot read (a corrupt or foreign record).
     #[error("idempotency record unreadable: {0}")]
     Corrupt(String),
@@ -191,7 +192,7 @@ pub enum FinishError {
     HandleStillHeld,
     /// COMMIT failed or its result is unknown.
     #[error("commit outcome uncertain")]
-    CommitUncertain(#[source] BoxError),
+    CommitUncertain(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The store failed before COMMIT; nothing was committed.
     #[error(transparent)]
     Store(#[from] StoreError),

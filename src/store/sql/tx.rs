@@ -93,16 +93,16 @@ impl<DB: Database> TxHandle<DB> {
     /// Takes the transaction to finish it, failing closed: if anyone but the store still holds
     /// the handle (a clone kept past the response, or a lock guard), whoever holds it may still
     /// mean to write, so the transaction is rolled back and nothing is stored.
-    pub(crate) async fn take_to_finish(&self) -> Result<OpenTx<DB>, crate::store::FinishError> {
+    pub(crate) async fn take_to_finish(&self) -> Result<OpenTx<DB>, HandleStillHeld> {
         let shared = Arc::strong_count(&self.slot) > 1;
         let taken = self.slot.try_lock().ok().and_then(|mut slot| slot.take());
         match taken {
             Some(tx) if shared => {
                 tx.discard().await;
-                Err(crate::store::FinishError::HandleStillHeld)
+                Err(HandleStillHeld)
             }
             Some(tx) => Ok(tx),
-            None => Err(crate::store::FinishError::HandleStillHeld),
+            None => Err(HandleStillHeld),
         }
     }
 
@@ -111,6 +111,11 @@ impl<DB: Database> TxHandle<DB> {
         self.slot.try_lock().ok()?.take()
     }
 }
+
+/// The handler still held the handle when the store came to finish the transaction: the
+/// transaction was rolled back, and nothing was stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandleStillHeld;
 
 /// An open transaction: sqlx's own, or one a store began on a pooled connection with a
 /// statement of its own (so BEGIN and the claim travel in one round trip).

@@ -1,0 +1,179 @@
+//! What differs between the SQL databases the stores speak to, and nothing else: how a
+//! parameter is written, where "now" comes from, how a point in time after now is written, and
+//! how a statement with its arguments is run.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::{Database, SqlStr};
+
+use super::{RecordRow, millis};
+use crate::store::StoreError;
+
+/// A statement's argument, as the shared statements produce it.
+#[derive(Debug, Clone)]
+pub(crate) enum Arg {
+    /// A digest, a fingerprint, headers or a body.
+    Bytes(Vec<u8>),
+    /// A token, a count, or a time in a dialect's own form (`NULL` when `None`).
+    Int(Option<i64>),
+    /// A fingerprint version or a status code.
+    Small(i16),
+    /// A policy flag.
+    Flag(bool),
+    /// A state's name.
+    Text(&'static str),
+}
+
+/// A statement with its arguments, ready to run.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    pub(crate) sql: SqlStr,
+    pub(crate) args: Vec<Arg>,
+}
+
+impl Bound {
+    /// `sql` with `args`, then the dialect's "now" if it binds one (always the last parameter).
+    pub(crate) fn new(sql: &SqlStr, mut args: Vec<Arg>, now: Option<i64>) -> Self {
+        args.extend(now.map(|now| Arg::Int(Some(now))));
+        Self { sql: sql.clone(), args }
+    }
+}
+
+/// The SQL a database speaks, for the statements written once in `statements`.
+pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
+    /// The sqlx database.
+    type Db: Database;
+
+    /// What a parameter's number follows (`$` or `?`).
+    const SIGIL: &'static str;
+
+    /// The literal false, for `COALESCE` over a comparison with `NULL`.
+    const FALSE: &'static str;
+
+    /// What follows the purge's batch selection (row locks skipped by concurrent purges).
+    const BATCH_LOCK: &'static str = "";
+
+    /// The `n`th parameter (1-based).
+    fn param(n: usize) -> String {
+        format!("{}{n}", Self::SIGIL)
+    }
+
+    /// The value of "now" to bind as a statement's last parameter, or `None` where the
+    /// database's own clock is read in the statement.
+    fn now_value() -> Option<i64> {
+        None
+    }
+
+    /// "Now" in a statement whose last parameter, if bound, is number `n` (by default, that
+    /// parameter).
+    fn now(n: usize) -> String {
+        Self::param(n)
+    }
+
+    /// The point in time that parameter `n` stands for, `n` carrying [`later_arg`](Self::later_arg)
+    /// (by default, the parameter is that time itself).
+    fn later(n: usize) -> String {
+        Self::param(n)
+    }
+
+    /// The argument for [`later`](Self::later): `after` past `now` (by default, in the
+    /// milliseconds of the bound "now").
+    fn later_arg(now: Option<i64>, after: Duration) -> Arg {
+        Arg::Int(now.map(|now| now.saturating_add(millis(after))))
+    }
+
+    /// Whole milliseconds from `now` until the time in `column` (negative: passed).
+    fn millis_until(column: &str, now: &str) -> String;
+
+    /// Whether a fenced write's error means the write surely never ran (by default, no error
+    /// says so).
+    fn never_ran(_error: &sqlx::Error) -> bool {
+        false
+    }
+
+    /// Runs `statement` on `conn`; how many rows it changed.
+    fn execute(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Runs `statement` on `conn` and reads the record row it returns, if any.
+    fn fetch_record(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<Option<RecordRow>, StoreError>> + Send;
+
+    /// Runs `statement` on `conn` and reads the integer (a fencing token) it returns, if any.
+    fn fetch_token(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+}
+
+/// The part of a [`Dialect`] that is the same code for every database, but over its own
+/// types: binding a [`Bound`]'s arguments and reading a record row back.
+macro_rules! run_bound_statements {
+    ($db:ty) => {
+        async fn execute(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> Result<u64, sqlx::Error> {
+            Ok(bind(statement).execute(conn).await?.rows_affected())
+        }
+
+        async fn fetch_record(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> Result<Option<$crate::store::sql::RecordRow>, $crate::store::StoreError> {
+            let row = bind(statement).fetch_optional(conn).await.map_err($crate::store::sql::unavailable)?;
+            row.as_ref().map(record_row).transpose()
+        }
+
+        async fn fetch_token(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> Result<Option<i64>, sqlx::Error> {
+            use sqlx::Row;
+            bind(statement).fetch_optional(conn).await?.map(|row| row.try_get(0)).transpose()
+        }
+    };
+}
+
+/// Binds a [`Bound`]'s arguments and decodes record rows, over one database's own types.
+macro_rules! bind_and_decode {
+    ($db:ty, $row:ty) => {
+        fn bind(
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> sqlx::query::Query<'static, $db, <$db as sqlx::Database>::Arguments> {
+            use $crate::store::sql::dialect::Arg;
+            statement.args.into_iter().fold(sqlx::query(statement.sql), |query, arg| match arg {
+                Arg::Bytes(value) => query.bind(value),
+                Arg::Int(value) => query.bind(value),
+                Arg::Small(value) => query.bind(value),
+                Arg::Flag(value) => query.bind(value),
+                Arg::Text(value) => query.bind(value),
+            })
+        }
+
+        /// A record row, in the column order of the shared read.
+        fn record_row(row: &$row) -> Result<$crate::store::sql::RecordRow, $crate::store::StoreError> {
+            use sqlx::Row;
+            let corrupt = |e: sqlx::Error| $crate::store::StoreError::Corrupt(e.to_string());
+            Ok($crate::store::sql::RecordRow {
+                state: row.try_get(0).map_err(corrupt)?,
+                fingerprint_version: row.try_get(1).map_err(corrupt)?,
+                fingerprint: row.try_get(2).map_err(corrupt)?,
+                fencing_token: row.try_get(3).map_err(corrupt)?,
+                lease_left_ms: row.try_get(4).map_err(corrupt)?,
+                response_expired: row.try_get(5).map_err(corrupt)?,
+                forgotten: row.try_get(6).map_err(corrupt)?,
+                response_status: row.try_get(7).map_err(corrupt)?,
+                response_headers: row.try_get(8).map_err(corrupt)?,
+                response_body: row.try_get(9).map_err(corrupt)?,
+            })
+        }
+    };
+}
+
+pub(crate) use {bind_and_decode, run_bound_statements};

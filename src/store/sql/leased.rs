@@ -1,0 +1,64 @@
+//! The leased claim of both SQL stores: committed at once as `processing` with a lease and a
+//! fencing token, finished by a fenced, state-checked write, given up on drop.
+
+use super::dialect::Dialect;
+use super::{Records, unavailable};
+use crate::key::RecordId;
+use crate::store::decide::stored_outcome;
+use crate::store::{BeginRequest, FinishError, Outcome, Retention};
+
+/// A leased claim on a SQL store's record.
+#[derive(Debug)]
+pub(crate) struct LeasedClaim<D: Dialect> {
+    records: Records<D>,
+    id: RecordId,
+    token: i64,
+    retention: Retention,
+    /// Whether the claim was finished (or is being finished), so dropping it gives nothing up.
+    finished: bool,
+}
+
+impl<D: Dialect> LeasedClaim<D> {
+    /// The claim of `request`'s identity under fencing `token`.
+    pub(crate) fn new(records: &Records<D>, request: &BeginRequest<'_>, token: i64) -> Self {
+        Self { records: records.clone(), id: *request.id, token, retention: request.retention, finished: false }
+    }
+
+    /// The claim's fencing token.
+    pub(crate) fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// Stores the outcome with a fenced write: one row means the claim still held the record;
+    /// none, that it was lost; an error, that the write may or may not have reached the
+    /// database, unless the dialect says it surely did not.
+    pub(crate) async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {
+        self.finished = true;
+        let statements = &self.records.statements;
+        let statement = match stored_outcome(outcome) {
+            None => statements.release(&self.id, self.token),
+            Some((state, response)) => statements.finish(&self.id, self.token, state, &response, self.retention),
+        };
+        match self.records.execute(statement).await {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(FinishError::ClaimLost),
+            Err(error) if D::never_ran(&error) => Err(FinishError::Store(unavailable(error))),
+            Err(error) => Err(FinishError::CommitUncertain(Box::new(error))),
+        }
+    }
+}
+
+impl<D: Dialect> Drop for LeasedClaim<D> {
+    /// The lease is given up at once (in the background), so the next retry applies the
+    /// stale-lease policy without waiting it out.
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (records, abandon) = (self.records.clone(), self.records.statements.abandon(&self.id, self.token));
+        runtime.spawn(async move {
+            let _ = records.execute(abandon).await;
+        });
+    }
+}

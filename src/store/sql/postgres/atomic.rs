@@ -1,0 +1,380 @@
+//! The atomic path of [`PostgresStore`]: the claim that begins the handler's transaction, and
+//! the outcome written and committed in one round trip (see the module docs of `postgres`).
+
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, Postgres, SqlSafeStr, SqlStr};
+use tokio::time::Instant;
+
+use super::super::RecordRow;
+use super::super::claim::{self, Held};
+use super::super::tx::{ManagedTx, OpenTx, TxHandle};
+use super::super::{millis, unavailable};
+use super::{Pg, PgClaim, PostgresStore, record_row};
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+use crate::record::RecordState;
+use crate::record::StoredResponse;
+use crate::store::sql::dialect::Dialect;
+use crate::store::{Begin, BeginRequest, FinishError, Outcome, Retention, StaleLeasePolicy, StoreError};
+
+/// The SQLSTATE the `_claim` function raises when a live record is in the way.
+const RECORD_EXISTS: &str = "TI001";
+
+/// A unique violation; on the records table's primary key, another record holds the identity.
+const UNIQUE_VIOLATION: &str = "23505";
+
+/// The bounded wait on a concurrent claimant ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+const SERIALIZATION_FAILURE: &str = "40001";
+const DEADLOCK_DETECTED: &str = "40P01";
+
+impl PostgresStore {
+    pub(super) async fn begin_atomic(&self, request: &BeginRequest<'_>) -> Result<Begin<PgClaim>, StoreError> {
+        let deadline = Instant::now() + request.wait;
+        // Retries of finished requests are the common case worth making cheap: one plain read,
+        // no transaction, no lock. A new key goes on to claim on the same connection, so the
+        // miss costs one round trip and no extra trip through the pool.
+        let mut conn = self.records.pool.acquire().await.map_err(unavailable)?;
+        let mut found = Pg::fetch_record(&mut conn, self.records.statements.read(request.id)).await?;
+        let mut held = Some(conn);
+        // Whether the claim deletes a forgotten record, or a dead lease on a re-executable
+        // route, under the lock, so that the outcome can take its place.
+        let mut replace = false;
+        loop {
+            if let Some(row) = found.take() {
+                // Something is in the way: resolve it without holding a connection while it waits.
+                held = None;
+                match self.records.resolve_existing(request, deadline, Some(row)).await? {
+                    Some(answer) => return Ok(answer),
+                    None => replace = true,
+                }
+            }
+            let conn = match held.take() {
+                Some(conn) => conn,
+                None => self.records.pool.acquire().await.map_err(unavailable)?,
+            };
+            let lock_ms = millis(deadline.saturating_duration_since(Instant::now()));
+            let begin = self.atomic.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms, replace);
+            let failed = match ManagedTx::begin(conn, begin).await {
+                Ok(tx) => {
+                    let handle = TxHandle::from_open(OpenTx::Managed(tx));
+                    let claim = AtomicClaim::new(self, request, handle, replace);
+                    return Ok(Begin::Claimed(PgClaim(Held::Atomic(claim))));
+                }
+                Err((error, failed)) => match sqlstate(&error).as_deref() {
+                    Some(RECORD_EXISTS) => failed,
+                    Some(LOCK_NOT_AVAILABLE) => {
+                        roll_back_failed_claim(failed).await;
+                        return Ok(Begin::InFlight { retry_after: Duration::from_secs(1) });
+                    }
+                    Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED) if Instant::now() < deadline => {
+                        roll_back_failed_claim(failed).await;
+                        continue;
+                    }
+                    _ => {
+                        roll_back_failed_claim(failed).await;
+                        return Err(unavailable(error));
+                    }
+                },
+            };
+            // A concurrent claimant committed a record while this request waited for it. Roll
+            // the failed claim back and read the record in one round trip: a new statement,
+            // outside any transaction, so the read sees it whatever the isolation level.
+            replace = false;
+            found = rollback_and_read(failed, &self.atomic.read_literal(request.id)).await?;
+        }
+    }
+
+    /// Whether `error` is the records table's primary key turning this claim's record away
+    /// (another request's record holds the identity). A unique violation of any other
+    /// constraint, such as a deferred one of the application's at COMMIT, is not.
+    fn is_identity_conflict(&self, error: &sqlx::Error) -> bool {
+        error.as_database_error().is_some_and(|e| {
+            e.code().as_deref() == Some(UNIQUE_VIOLATION) && e.constraint() == Some(&*self.atomic.primary_key)
+        })
+    }
+}
+
+/// An atomic claim: the transaction the handler writes in, before any record exists.
+#[derive(Debug)]
+pub(super) struct AtomicClaim {
+    store: PostgresStore,
+    id: RecordId,
+    fingerprint: Fingerprint,
+    reexecute: bool,
+    retention: Retention,
+    /// The bounded wait of the request, for a stored failure's fresh claim.
+    wait: Duration,
+    /// The claim deleted a forgotten record or a dead lease (so must a fresh claim).
+    replace: bool,
+    /// The transaction, until the claim is finished.
+    handle: Option<TxHandle<Postgres>>,
+}
+
+impl AtomicClaim {
+    pub(super) fn new(
+        store: &PostgresStore,
+        request: &BeginRequest<'_>,
+        handle: TxHandle<Postgres>,
+        replace: bool,
+    ) -> Self {
+        Self {
+            store: store.clone(),
+            id: *request.id,
+            fingerprint: *request.fingerprint,
+            reexecute: request.stale_lease == StaleLeasePolicy::Reexecute,
+            retention: request.retention,
+            wait: request.wait,
+            replace,
+            handle: Some(handle),
+        }
+    }
+
+    async fn finish_atomic(mut self, outcome: Outcome) -> Result<(), FinishError> {
+        let Some((mut tx, state, response)) = claim::take_to_store(&mut self.handle, outcome).await? else {
+            return Ok(());
+        };
+        if state == RecordState::Failed {
+            // The handler's writes go; the failure is stored under a fresh claim. (A savepoint
+            // would keep the first claim, but costs a subtransaction on every request for the
+            // sake of this rare path.) A duplicate that claims in between wins, and this answer
+            // is not stored.
+            tx.discard().await;
+            tx = self.reclaim().await?;
+        }
+        // The record is written once, with its outcome (atomic mode never commits a
+        // `processing` row), and committed in the same round trip. The primary key decides: if
+        // another record holds the identity, the INSERT fails, the COMMIT after it never runs,
+        // and the business write rolls back. The trailing BEGIN opens an empty transaction that
+        // matches sqlx's bookkeeping (it still counts one open); it is rolled back when the
+        // connection returns to the pool, in the same round trip as the pool's own check.
+        let statement = format!(
+            "{insert}; COMMIT; BEGIN",
+            insert = self.store.atomic.store_outcome_call(
+                &self.id,
+                state.as_str(),
+                &self.fingerprint,
+                &response,
+                self.retention
+            ),
+        );
+        match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
+            Ok(_) => Ok(()),
+            Err(error) => {
+                let lost = self.store.is_identity_conflict(&error);
+                tx.discard().await;
+                if lost {
+                    // Another request's record won: this execution's writes rolled back.
+                    Err(FinishError::ClaimLost)
+                } else {
+                    // The INSERT failed (nothing committed) or the COMMIT did (its fate is
+                    // unknown): either way a retry with the same key is safe.
+                    Err(FinishError::CommitUncertain(Box::new(error)))
+                }
+            }
+        }
+    }
+
+    /// Claims this identity again, in a new transaction, to store a failure.
+    async fn reclaim(&self) -> Result<OpenTx<Postgres>, FinishError> {
+        let store = &self.store;
+        let conn = store.records.pool.acquire().await.map_err(|e| FinishError::Store(unavailable(e)))?;
+        let policy = if self.reexecute { StaleLeasePolicy::Reexecute } else { StaleLeasePolicy::MarkUnknown };
+        let begin = store.atomic.begin_claim(&self.id, &self.fingerprint, policy, millis(self.wait), self.replace);
+        match ManagedTx::begin(conn, begin).await {
+            Ok(tx) => Ok(OpenTx::Managed(tx)),
+            Err((error, conn)) => {
+                let lost = matches!(sqlstate(&error).as_deref(), Some(RECORD_EXISTS | LOCK_NOT_AVAILABLE));
+                roll_back_failed_claim(conn).await;
+                Err(if lost { FinishError::ClaimLost } else { FinishError::Store(unavailable(error)) })
+            }
+        }
+    }
+}
+
+impl claim::AtomicClaim for AtomicClaim {
+    type Db = Postgres;
+
+    fn handle(&self) -> Option<TxHandle<Postgres>> {
+        self.handle.clone()
+    }
+
+    async fn finish(self, outcome: Outcome) -> Result<(), FinishError> {
+        self.finish_atomic(outcome).await
+    }
+}
+
+impl Drop for AtomicClaim {
+    /// An unfinished claim's transaction rolls back.
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            drop(handle.try_take());
+        }
+    }
+}
+
+/// The statements of the atomic path, sent with the simple-query protocol (values written in
+/// as hex literals and numbers we produced, never client text), and what it checks errors by.
+#[derive(Debug)]
+pub(super) struct AtomicStatements {
+    /// The read, for the simple-query protocol: `{id}` is replaced with a hex digest.
+    read_template: String,
+    /// The table, qualified.
+    table: String,
+    /// The `_store` function, qualified.
+    store_function: String,
+    /// The table's primary key constraint: a violation of it is another record's claim.
+    primary_key: String,
+    /// The `_claim` function, qualified.
+    claim_function: String,
+}
+
+impl AtomicStatements {
+    pub(super) fn new(schema: &str, table: &str, columns: &str) -> Self {
+        let t = format!("\"{schema}\".\"{table}\"");
+        Self {
+            read_template: format!("SELECT {columns} FROM {t} WHERE record_id = {}", bytea_literal("{id}")),
+            table: t,
+            store_function: format!("\"{schema}\".\"{table}_store\""),
+            primary_key: format!("{table}_pkey"),
+            claim_function: format!("\"{schema}\".\"{table}_claim\""),
+        }
+    }
+}
+
+impl AtomicStatements {
+    /// Atomic: BEGIN and the migration's `_claim` function, as one simple query: the bounded
+    /// wait for a concurrent claimant (an advisory lock, taken at once when nobody holds it) and
+    /// the check that no live record appeared meanwhile (SQLSTATE TI001 if one did). With
+    /// `replace`, a forgotten record or a dead lease on a re-executable route is then deleted
+    /// under the lock, so the outcome's INSERT can take its place. The values are ours (hex
+    /// digests and integers), never the client's text.
+    fn begin_claim(
+        &self,
+        id: &RecordId,
+        fingerprint: &Fingerprint,
+        policy: StaleLeasePolicy,
+        lock_ms: i64,
+        replace: bool,
+    ) -> SqlStr {
+        let lock_key = lock_key(id);
+        let (id, fingerprint) = (bytea_literal(&id.to_hex()), bytea_literal(&fingerprint.to_hex()));
+        let reexecute = policy == StaleLeasePolicy::Reexecute;
+        // lock_timeout 0 would mean no bound at all.
+        let lock_ms = lock_ms.clamp(1, i64::from(i32::MAX));
+        let mut statement = format!(
+            "BEGIN; SELECT {function}({id}, {lock_key}, {lock_ms}, {fingerprint}, {reexecute})",
+            function = self.claim_function,
+        );
+        if replace {
+            statement.push_str(&format!(
+                "; DELETE FROM {table} WHERE record_id = {id} \
+                   AND (forget_at <= clock_timestamp() \
+                        OR ({reexecute} AND state = 'processing' AND lease_until <= clock_timestamp() \
+                            AND fingerprint = {fingerprint}))",
+                table = self.table,
+            ));
+        }
+        AssertSqlSafe(statement).into_sql_str()
+    }
+
+    /// The read with the identity written in (it is our hex digest, never client text).
+    fn read_literal(&self, id: &RecordId) -> String {
+        self.read_template.replace("{id}", &id.to_hex())
+    }
+
+    /// Atomic: the call of the migration's `<table>_store` function, which inserts the record
+    /// with its outcome, for the simple-query protocol. Every value is written in as hex or a
+    /// number we produced; none is client text.
+    fn store_outcome_call(
+        &self,
+        id: &RecordId,
+        state: &'static str,
+        fingerprint: &Fingerprint,
+        response: &StoredResponse,
+        retention: Retention,
+    ) -> String {
+        let keep = millis(retention.response);
+        format!(
+            "SELECT {function}({id}, '{state}', {version}::smallint, {fp}, {status}::smallint, {fields}, {body}, \
+                 {keep}, {forget})",
+            function = self.store_function,
+            id = bytea_literal(&id.to_hex()),
+            version = fingerprint.version(),
+            fp = bytea_literal(&fingerprint.to_hex()),
+            status = response.status.as_u16(),
+            fields = bytea_literal(&crate::hex::encode(&response.encode_fields())),
+            body = bytea_literal(&crate::hex::encode(&response.body)),
+            forget = keep.saturating_add(millis(retention.tombstone)),
+        )
+    }
+}
+
+/// A bytea literal of hex digits, for the simple-query protocol: an escape string, so that it
+/// reads the same whatever `standard_conforming_strings` says, and a constant the parser takes
+/// as it is (a `decode(..)` call would cost a function lookup on every statement).
+fn bytea_literal(hex: &str) -> String {
+    format!("E'\\\\x{hex}'::bytea")
+}
+
+/// The advisory lock key of an identity: the first eight bytes of its digest.
+fn lock_key(id: &RecordId) -> i64 {
+    let (first, _) = id.digest().split_first_chunk::<8>().expect("a 32-byte digest");
+    i64::from_be_bytes(*first)
+}
+
+fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    error.as_database_error().and_then(|e| e.code()).map(|code| code.into_owned())
+}
+
+/// Serialization failures and deadlocks: the claim may simply be tried again.
+pub(super) fn is_retryable(error: &sqlx::Error) -> bool {
+    matches!(sqlstate(error).as_deref(), Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED))
+}
+
+/// Rolls back a connection whose claim statement failed, so it goes back to the pool clean; a
+/// connection that cannot even do that is closed instead.
+async fn roll_back_failed_claim(mut conn: PoolConnection<Postgres>) {
+    if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
+        conn.close_on_drop();
+    }
+}
+
+/// Rolls back a connection whose claim failed and reads the record, in one round trip; the
+/// connection then goes back to the pool clean.
+async fn rollback_and_read(mut conn: PoolConnection<Postgres>, read: &str) -> Result<Option<RecordRow>, StoreError> {
+    let rows = sqlx::raw_sql(AssertSqlSafe(format!("ROLLBACK; {read}"))).fetch_all(&mut *conn).await;
+    match rows {
+        Ok(rows) => rows.first().map(record_row).transpose(),
+        Err(error) => {
+            // The connection's state is unknown: do not give it back to the pool.
+            conn.close_on_drop();
+            Err(unavailable(error))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AtomicStatements;
+    use crate::store::sql::statements::Statements;
+
+    /// The atomic path's read goes over the wire as it did before the statements were written
+    /// once for both dialects: a retry's read is part of the tuned protocol.
+    #[test]
+    fn the_atomic_read_is_the_tuned_statement() {
+        let statements = Statements::<super::Pg>::new("\"s\".\"t\"", "ON CONSTRAINT \"t_pkey\"", |_| String::new());
+        let atomic = AtomicStatements::new("s", "t", &statements.columns);
+        assert_eq!(
+            atomic.read_template,
+            "SELECT state, fingerprint_version, fingerprint, fencing_token, \
+             (EXTRACT(EPOCH FROM (lease_until - clock_timestamp())) * 1000)::bigint, \
+             COALESCE(response_until <= clock_timestamp(), false), \
+             COALESCE(forget_at <= clock_timestamp(), false), \
+             response_status, response_headers, response_body \
+             FROM \"s\".\"t\" WHERE record_id = E'\\\\x{id}'::bytea"
+        );
+    }
+}

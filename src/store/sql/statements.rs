@@ -1,0 +1,207 @@
+//! The statements both SQL stores run, written once over a [`Dialect`].
+//!
+//! Every statement that reads the clock takes "now" from the dialect: PostgreSQL's
+//! `clock_timestamp()` in the statement, or (SQLite) a unix-millisecond value bound as the
+//! statement's last parameter, so that one statement compares against one instant.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use super::dialect::{Arg, Bound, Dialect};
+use crate::key::RecordId;
+use crate::record::{RecordState, StoredResponse};
+use crate::store::decide::{ABANDONED, EXPIRED};
+use crate::store::{BeginRequest, Retention, StaleLeasePolicy};
+
+const PROCESSING: &str = RecordState::Processing.as_str();
+
+/// The records table's statements, for one table in one dialect.
+#[derive(Debug)]
+pub(crate) struct Statements<D> {
+    /// The record's columns as [`RecordRow`](super::RecordRow) reads them, "now" being
+    /// parameter 2.
+    pub(crate) columns: String,
+    claim: SqlStr,
+    read: SqlStr,
+    mark_unknown: SqlStr,
+    finish: SqlStr,
+    release: SqlStr,
+    abandon: SqlStr,
+    purge_forget: SqlStr,
+    purge_expire: SqlStr,
+    dialect: PhantomData<D>,
+}
+
+impl<D: Dialect> Statements<D> {
+    /// The statements on `table` (qualified and quoted), drawing fencing tokens with
+    /// `next_token` (given the number of the parameter that may carry one).
+    pub(crate) fn new(table: &str, conflict_target: &str, next_token: impl Fn(usize) -> String) -> Self {
+        let t = table;
+        let p = D::param;
+        let sql = |text: String| AssertSqlSafe(text).into_sql_str();
+        let columns = |now: &str| {
+            format!(
+                "state, fingerprint_version, fingerprint, fencing_token, {lease_left}, \
+                 COALESCE(response_until <= {now}, {no}), COALESCE(forget_at <= {now}, {no}), \
+                 response_status, response_headers, response_body",
+                lease_left = D::millis_until("lease_until", now),
+                no = D::FALSE,
+            )
+        };
+        let fenced = format!("record_id = {} AND fencing_token = {} AND state = '{PROCESSING}'", p(1), p(2));
+        let now = D::now(2);
+        Self {
+            columns: columns(&now),
+            // Claims a new identity, or takes over a forgotten record, or (when the route is
+            // re-executable) a dead holder's lease on the same request. Any other existing row
+            // returns nothing; a concurrent claimant's uncommitted row makes this wait.
+            claim: {
+                let now = D::now(7);
+                sql(format!(
+                    "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                                           lease_until, created_at, updated_at) \
+                     VALUES ({id}, '{PROCESSING}', {version}, {fingerprint}, {token}, {lease}, {now}, {now}) \
+                     ON CONFLICT {conflict_target} DO UPDATE SET \
+                         state = '{PROCESSING}', fingerprint_version = excluded.fingerprint_version, \
+                         fingerprint = excluded.fingerprint, fencing_token = excluded.fencing_token, \
+                         lease_until = excluded.lease_until, response_status = NULL, response_headers = NULL, \
+                         response_body = NULL, response_until = NULL, forget_at = NULL, \
+                         created_at = excluded.created_at, updated_at = excluded.updated_at \
+                     WHERE r.forget_at <= {now} \
+                        OR ({reexecute} AND r.state = '{PROCESSING}' AND r.lease_until <= {now} \
+                            AND r.fingerprint = excluded.fingerprint) \
+                     RETURNING fencing_token",
+                    id = p(1),
+                    version = p(2),
+                    fingerprint = p(3),
+                    lease = D::later(4),
+                    reexecute = p(5),
+                    token = next_token(6),
+                ))
+            },
+            read: sql(format!("SELECT {columns} FROM {t} WHERE record_id = {id}", columns = columns(&now), id = p(1))),
+            mark_unknown: {
+                let now = D::now(3);
+                sql(format!(
+                    "UPDATE {t} SET state = '{unknown}', updated_at = {now} WHERE {fenced} AND lease_until <= {now}",
+                    unknown = ABANDONED.as_str(),
+                ))
+            },
+            // Fenced and state-checked: zero rows means the claim is no longer ours.
+            finish: sql(format!(
+                "UPDATE {t} SET state = {state}, response_status = {status}, response_headers = {headers}, \
+                     response_body = {body}, lease_until = NULL, response_until = {response_until}, \
+                     forget_at = {forget_at}, updated_at = {now} \
+                 WHERE {fenced}",
+                state = p(3),
+                status = p(4),
+                headers = p(5),
+                body = p(6),
+                response_until = D::later(7),
+                forget_at = D::later(8),
+                now = D::now(9),
+            )),
+            release: sql(format!("DELETE FROM {t} WHERE {fenced}")),
+            abandon: {
+                let now = D::now(3);
+                sql(format!("UPDATE {t} SET lease_until = {now}, updated_at = {now} WHERE {fenced}"))
+            },
+            // Bounded batches.
+            purge_forget: sql(format!(
+                "DELETE FROM {t} WHERE record_id IN ( \
+                     SELECT record_id FROM {t} WHERE forget_at <= {now} LIMIT {limit}{lock})",
+                limit = p(1),
+                lock = D::BATCH_LOCK,
+            )),
+            purge_expire: sql(format!(
+                "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
+                     response_body = NULL, updated_at = {now} \
+                 WHERE record_id IN ( \
+                     SELECT record_id FROM {t} WHERE state IN ('{completed}', '{failed}') \
+                       AND response_until <= {now} \
+                     LIMIT {limit}{lock})",
+                expired = EXPIRED.as_str(),
+                completed = RecordState::Completed.as_str(),
+                failed = RecordState::Failed.as_str(),
+                limit = p(1),
+                lock = D::BATCH_LOCK,
+            )),
+            dialect: PhantomData,
+        }
+    }
+
+    /// Claims `request`'s identity as `processing`, holding a lease of `lease` (`None`: no lease,
+    /// for an atomic claim), with fencing token `token` where the dialect does not draw it.
+    pub(crate) fn claim(&self, request: &BeginRequest<'_>, lease: Option<Duration>, token: Option<i64>) -> Bound {
+        let now = D::now_value();
+        let mut args = vec![
+            Arg::Bytes(request.id.digest().to_vec()),
+            Arg::Small(i16::from(request.fingerprint.version())),
+            Arg::Bytes(request.fingerprint.digest().to_vec()),
+            lease.map_or(Arg::Int(None), |lease| D::later_arg(now, lease)),
+            Arg::Flag(request.stale_lease == StaleLeasePolicy::Reexecute),
+        ];
+        args.extend(token.map(|token| Arg::Int(Some(token))));
+        Bound::new(&self.claim, args, now)
+    }
+
+    /// The record of `id`.
+    pub(crate) fn read(&self, id: &RecordId) -> Bound {
+        Bound::new(&self.read, vec![Arg::Bytes(id.digest().to_vec())], D::now_value())
+    }
+
+    /// Marks `id` unknown if it is still `processing` under `token` with its lease run out.
+    pub(crate) fn mark_unknown(&self, id: &RecordId, token: i64) -> Bound {
+        Bound::new(&self.mark_unknown, fenced(id, token), D::now_value())
+    }
+
+    /// Stores the outcome of the claim holding `token`, as a record in `state`.
+    pub(crate) fn finish(
+        &self,
+        id: &RecordId,
+        token: i64,
+        state: RecordState,
+        response: &StoredResponse,
+        retention: Retention,
+    ) -> Bound {
+        let now = D::now_value();
+        let mut args = fenced(id, token);
+        args.extend([
+            Arg::Text(state.as_str()),
+            Arg::Small(response.status.as_u16() as i16),
+            Arg::Bytes(response.encode_fields()),
+            Arg::Bytes(response.body.to_vec()),
+            D::later_arg(now, retention.response),
+            D::later_arg(now, retention.response.saturating_add(retention.tombstone)),
+        ]);
+        Bound::new(&self.finish, args, now)
+    }
+
+    /// Deletes the `processing` record of the claim holding `token`.
+    pub(crate) fn release(&self, id: &RecordId, token: i64) -> Bound {
+        Bound::new(&self.release, fenced(id, token), None)
+    }
+
+    /// Runs out the lease of the claim holding `token`, so the next retry applies the
+    /// stale-lease policy at once.
+    pub(crate) fn abandon(&self, id: &RecordId, token: i64) -> Bound {
+        Bound::new(&self.abandon, fenced(id, token), D::now_value())
+    }
+
+    /// Deletes at most `limit` records past their tombstone time.
+    pub(crate) fn purge_forget(&self, limit: i64) -> Bound {
+        Bound::new(&self.purge_forget, vec![Arg::Int(Some(limit))], D::now_value())
+    }
+
+    /// Turns at most `limit` records past their response retention into tombstones.
+    pub(crate) fn purge_expire(&self, limit: i64) -> Bound {
+        Bound::new(&self.purge_expire, vec![Arg::Int(Some(limit))], D::now_value())
+    }
+}
+
+/// The arguments that pick a claim's own record: its identity and fencing token.
+fn fenced(id: &RecordId, token: i64) -> Vec<Arg> {
+    vec![Arg::Bytes(id.digest().to_vec()), Arg::Int(Some(token))]
+}
