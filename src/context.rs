@@ -123,6 +123,7 @@ mod axum_extract {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use axum_extract::MissingContext;
 
 #[cfg(all(test, feature = "axum"))]

@@ -192,6 +192,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// (or client-streaming) methods only: the layer buffers the whole request and the whole
     /// answer, which a bidirectional stream cannot wait for. See [`grpc`](crate::grpc).
     #[cfg(feature = "tonic")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
     pub fn grpc_methods<I>(mut self, methods: I) -> Self
     where
         I: IntoIterator,
@@ -225,6 +226,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// # drop(layer);
     /// ```
     #[cfg(feature = "tonic")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
     pub fn classify_grpc_with<F>(mut self, rule: F) -> Self
     where
         F: Fn(tonic::Code) -> OutcomeClass + Send + Sync + 'static,

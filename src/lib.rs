@@ -127,14 +127,17 @@ pub mod contract {
     #![doc = include_str!("../docs/contract.md")]
 }
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod fast_path;
 pub mod fingerprint;
 mod future;
 #[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
 mod hex;
 pub mod key;
 mod layer;
+mod name;
 pub mod outcome;
 pub mod problem;
 mod protocol;
@@ -148,11 +151,13 @@ pub use body::IdempotencyBody;
 pub use config::{RolloutMode, RolloutSwitch};
 pub use context::IdempotencyContext;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use fast_path::FastPath;
 pub use fingerprint::{Fingerprint, FingerprintSpec};
 pub use future::ResponseFuture;
 pub use key::{IdempotencyKey, RecordId, Scope};
 pub use layer::IdempotencyLayer;
+pub use name::InvalidName;
 pub use outcome::OutcomeClass;
 pub use record::{Record, RecordState, StoredResponse};
 pub use service::IdempotencyService;
@@ -160,13 +165,17 @@ pub use service::REPLAYED_HEADER;
 pub use store::StaleLeasePolicy;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::postgres::PostgresStore;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub use store::sql::tx;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::SqliteStore;
 pub use store::{Begin, BeginRequest, Claim, CouplingMode, Outcome, Retention, Store};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub use tx::TxHandle;
 
 /// The error type of boxed, type-erased errors used by bodies and stores.

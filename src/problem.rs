@@ -245,6 +245,7 @@ impl Problem {
 pub const DEFAULT_TYPE_BASE: &str = "urn:tower-idempotency:problem:";
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::response::IntoResponse for Problem {
     /// The problem+json answer with the default `type` prefix ([`DEFAULT_TYPE_BASE`]): how the
     /// crate's axum extractors refuse a request.

@@ -1,4 +1,4 @@
-//! Record states, their transitions, and the stored response (CONTRACT §4, §5).
+//! Record states, their transitions, and the stored response ([contract §4](crate::contract#4-what-is-stored-and-what-is-replayed), [contract §5](crate::contract#5-record-states)).
 //!
 //! ```text
 //! processing ─► completed | failed | unknown
@@ -38,7 +38,7 @@ pub enum RecordState {
 }
 
 impl RecordState {
-    /// Whether a record in this state may move to `next` (CONTRACT §5).
+    /// Whether a record in this state may move to `next` ([contract §5](crate::contract#5-record-states)).
     pub const fn can_become(self, next: RecordState) -> bool {
         use RecordState::*;
         match (self, next) {
@@ -143,11 +143,6 @@ impl StoredResponse {
             }
         }
         Some((headers, trailers))
-    }
-
-    /// The stored headers as a map.
-    pub fn header_map(&self) -> HeaderMap {
-        to_map(&self.headers)
     }
 
     /// The stored trailers as a map, if there are any.

@@ -86,17 +86,8 @@ pub use connection::RedisConnection;
 use connection::RedisLink;
 pub use stats::FastPathStats;
 
+use crate::name::InvalidName;
 use crate::store::Store;
-
-/// A key prefix that cannot be used.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The prefix is empty, longer than 64 bytes, or has characters other than visible ASCII
-    /// without `{` and `}` (which would break the keys' hash tag).
-    #[error("invalid Redis key prefix: {0}")]
-    InvalidPrefix(String),
-}
 
 /// A Redis lock and replay cache in front of the durable store `S`. See the [module
 /// docs](self).
@@ -185,9 +176,13 @@ impl<S: Store> FastPath<S> {
 
     /// The prefix of every key (default `tidem`): give each durable store its own when several
     /// share one Redis. Visible ASCII, 1 to 64 bytes, without `{` or `}`.
-    pub fn prefix(mut self, prefix: &str) -> Result<Self, ConfigError> {
+    pub fn prefix(mut self, prefix: &str) -> Result<Self, InvalidName> {
         if !scripts::valid_prefix(prefix) {
-            return Err(ConfigError::InvalidPrefix(prefix.escape_debug().to_string()));
+            return Err(InvalidName::new(
+                prefix,
+                "a Redis key prefix",
+                "visible ASCII, 1 to 64 bytes, without `{` or `}`",
+            ));
         }
         Arc::make_mut(&mut self.options).prefix = Arc::from(prefix);
         Ok(self)

@@ -31,8 +31,10 @@ pub mod memory;
 pub(crate) mod sql;
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use sql::postgres;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sql::sqlite;
 
 use std::future::Future;
@@ -54,7 +56,7 @@ pub enum StaleLeasePolicy {
     Reexecute,
 }
 
-/// How a store couples the claim to the handler's business write (CONTRACT §6).
+/// How a store couples the claim to the handler's business write ([contract §6](crate::contract#6-coupling-to-the-business-write)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum CouplingMode {

@@ -7,12 +7,15 @@ mod claim;
 mod dialect;
 mod leased;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 mod statements;
 pub mod tx;
 
+use crate::name::InvalidName;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,19 +97,18 @@ impl RecordRow {
     }
 }
 
-/// A schema or table name that cannot be used: SQL stores splice these names into their
-/// statements, so only plain lowercase identifiers are accepted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a plain lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 48 bytes)")]
-pub struct InvalidIdentifier(String);
-
-/// Checks that a schema or table name is a plain SQL identifier (it is spliced into SQL).
-pub(crate) fn check_identifier(name: &str) -> Result<(), InvalidIdentifier> {
+/// Checks that a schema or table name (`what`) is a plain lowercase SQL identifier: SQL stores
+/// splice these names into their statements.
+pub(crate) fn check_identifier(name: &str, what: &'static str) -> Result<(), InvalidName> {
     let ok = !name.is_empty()
         && name.len() <= 48
         && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if ok { Ok(()) } else { Err(InvalidIdentifier(name.to_owned())) }
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidName::new(name, what, "a plain lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 48 bytes)"))
+    }
 }
 
 /// Milliseconds of a duration, saturating, for SQL intervals.

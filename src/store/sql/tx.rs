@@ -239,6 +239,7 @@ mod axum_extract {
     use sqlx::Database;
 
     use super::TxHandle;
+    use crate::problem::{Problem, ProblemCode};
 
     /// The rejection when a handler asks for a [`TxHandle`] on a route without an atomic
     /// idempotency layer.
@@ -246,12 +247,14 @@ mod axum_extract {
     pub struct MissingTx;
 
     impl IntoResponse for MissingTx {
+        /// 500 problem+json, code `idempotency_transaction_missing`.
         fn into_response(self) -> Response {
-            let body = "{\"title\":\"Idempotency transaction missing\",\"status\":500,\"detail\":\"this handler \
-                        needs a TxHandle, but the route is not wrapped by an IdempotencyLayer over an atomic \
-                        PostgresStore or SqliteStore\"}";
-            (http::StatusCode::INTERNAL_SERVER_ERROR, [(http::header::CONTENT_TYPE, "application/problem+json")], body)
-                .into_response()
+            Problem::new(
+                ProblemCode::TransactionMissing,
+                "this handler needs a TxHandle, but the route is not wrapped by an IdempotencyLayer over an atomic \
+                 PostgresStore or SqliteStore",
+            )
+            .into_response()
         }
     }
 
@@ -276,4 +279,23 @@ mod axum_extract {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use axum_extract::MissingTx;
+
+#[cfg(all(test, feature = "axum", feature = "sqlite"))]
+mod tests {
+    use axum::response::IntoResponse;
+
+    use super::MissingTx;
+
+    #[tokio::test]
+    async fn a_missing_transaction_is_refused_with_a_problem_that_has_a_code() {
+        let response = MissingTx.into_response();
+        assert_eq!(response.status(), 500);
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("the body");
+        let problem: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(problem["code"], "idempotency_transaction_missing");
+        assert_eq!(problem["status"], 500);
+    }
+}

@@ -63,12 +63,12 @@ use tokio::time::Instant;
 mod atomic;
 
 use self::atomic::{AtomicClaim, AtomicStatements, is_retryable};
-pub use super::InvalidIdentifier;
 use super::claim::{Held, sql_store_surface};
 use super::dialect::{Arg, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::{Records, check_identifier, migrator, millis, unavailable};
+use crate::name::InvalidName;
 use crate::store::{Begin, BeginRequest, CouplingMode, StoreError};
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/postgres/0001_create_records.sql");
@@ -134,14 +134,14 @@ impl PostgresStore {
     }
 
     /// The schema that holds the table (created by [`migrate`](Self::migrate) if missing).
-    pub fn schema(self, schema: &str) -> Result<Self, InvalidIdentifier> {
-        check_identifier(schema)?;
+    pub fn schema(self, schema: &str) -> Result<Self, InvalidName> {
+        check_identifier(schema, "a schema name")?;
         Ok(Self::build(self.records.pool, self.records.mode, schema, &self.table))
     }
 
     /// The table's name.
-    pub fn table(self, table: &str) -> Result<Self, InvalidIdentifier> {
-        check_identifier(table)?;
+    pub fn table(self, table: &str) -> Result<Self, InvalidName> {
+        check_identifier(table, "a table name")?;
         Ok(Self::build(self.records.pool, self.records.mode, &self.schema, table))
     }
 

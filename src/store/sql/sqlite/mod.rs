@@ -96,7 +96,6 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr, Sqlite, Transaction};
 use tokio::time::Instant;
 
 use self::gates::{Gate, Gates};
-pub use super::InvalidIdentifier;
 use super::claim::{self, Held, sql_store_surface};
 use super::dialect::{Bound, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
@@ -104,6 +103,7 @@ use super::statements::Statements;
 use super::tx::TxHandle;
 use super::{Records, check_identifier, migrator, millis, unavailable};
 use crate::key::RecordId;
+use crate::name::InvalidName;
 use crate::record::RecordState;
 use crate::store::{Begin, BeginRequest, CouplingMode, FinishError, Outcome, Retention, StoreError};
 
@@ -178,8 +178,8 @@ impl SqliteStore {
     }
 
     /// The table's name (its counter table is `<table>_fencing`).
-    pub fn table(self, table: &str) -> Result<Self, InvalidIdentifier> {
-        check_identifier(table)?;
+    pub fn table(self, table: &str) -> Result<Self, InvalidName> {
+        check_identifier(table, "a table name")?;
         Ok(Self::build(self.records.pool, self.records.mode, table))
     }
 
