@@ -117,6 +117,8 @@
 
 mod body;
 mod buffer;
+#[cfg(feature = "client")]
+pub mod client;
 mod config;
 pub mod context;
 #[cfg(feature = "redis")]
