@@ -51,7 +51,12 @@ async fn main() -> Result<(), Error> {
     let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let printed = tower::service_fn(move |request: Request<Full<Bytes>>| {
         let key = request.headers().get("idempotency-key").map(|v| v.to_str().unwrap_or("?").to_owned());
-        println!("  attempt: {} {} (Idempotency-Key: {})", request.method(), request.uri(), key.as_deref().unwrap_or("-"));
+        println!(
+            "  attempt: {} {} (Idempotency-Key: {})",
+            request.method(),
+            request.uri(),
+            key.as_deref().unwrap_or("-")
+        );
         let answer = http.request(request);
         async move {
             let answer = answer.await;

@@ -159,7 +159,13 @@ fn a_layer_that_keeps_its_key_creates_each_order_once_while_the_server_is_killed
                 assert_eq!(response.status(), StatusCode::CREATED, "{sku}: a definitive answer");
                 let report = response.extensions().get::<RetryReport>().cloned().expect("a report");
                 let key = report.key().expect("a key").to_owned();
-                Final { sku, order_id: order_id_of(response).await, key, attempts: report.attempts(), replayed: report.replayed() }
+                Final {
+                    sku,
+                    order_id: order_id_of(response).await,
+                    key,
+                    attempts: report.attempts(),
+                    replayed: report.replayed(),
+                }
             }
         })
         .await;
@@ -231,7 +237,8 @@ impl tower::retry::Policy<Request<Full<Bytes>>, Response<hyper::body::Incoming>,
     }
 
     fn clone_request(&mut self, request: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut copy = Request::builder().method(request.method()).uri(request.uri()).body(request.body().clone()).unwrap();
+        let mut copy =
+            Request::builder().method(request.method()).uri(request.uri()).body(request.body().clone()).unwrap();
         *copy.headers_mut() = request.headers().clone();
         copy.headers_mut().insert("idempotency-key", uuid::Uuid::new_v4().to_string().parse().unwrap());
         Some(copy)

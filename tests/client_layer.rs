@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceExt;
 use tower_idempotency::IdempotencyKey;
 use tower_idempotency::client::{
-    IdempotentRetryLayer, RetryErrorKind, RetryPolicy, RetryReason, RetryReport, ResponseBody,
+    IdempotentRetryLayer, ResponseBody, RetryErrorKind, RetryPolicy, RetryReason, RetryReport,
 };
 use tower_layer::Layer;
 
@@ -182,7 +182,9 @@ async fn definitive_answers_are_handed_back_after_one_attempt_with_their_body() 
 
 #[tokio::test]
 async fn a_problem_body_too_large_to_read_is_final_and_handed_back_whole() {
-    let big: &'static str = Box::leak(format!("{{\"code\":\"idempotency_request_in_flight\",\"pad\":\"{}\"}}", "x".repeat(40_000)).into_boxed_str());
+    let big: &'static str = Box::leak(
+        format!("{{\"code\":\"idempotency_request_in_flight\",\"pad\":\"{}\"}}", "x".repeat(40_000)).into_boxed_str(),
+    );
     let (server, _) = scripted(vec![Step::Answer(409, &[], big)]);
     let response = IdempotentRetryLayer::new().policy(quick()).layer(server).oneshot(order()).await.unwrap();
     assert_eq!(response.extensions().get::<RetryReport>().unwrap().attempts(), 1);
@@ -191,10 +193,7 @@ async fn a_problem_body_too_large_to_read_is_final_and_handed_back_whole() {
 
 #[tokio::test]
 async fn retry_after_is_honoured() {
-    let (server, _) = scripted(vec![
-        Step::Answer(429, &[("retry-after", "1")], ""),
-        Step::Answer(201, &[], "{}"),
-    ]);
+    let (server, _) = scripted(vec![Step::Answer(429, &[("retry-after", "1")], ""), Step::Answer(201, &[], "{}")]);
     let started = std::time::Instant::now();
     let response = IdempotentRetryLayer::new().policy(quick()).layer(server).oneshot(order()).await.unwrap();
     assert!(started.elapsed() >= Duration::from_secs(1), "waited {:?}", started.elapsed());
@@ -225,7 +224,8 @@ async fn a_hanging_attempt_times_out_and_is_retried() {
 #[tokio::test]
 async fn giving_up_says_whether_the_request_may_have_executed() {
     let (server, seen) = scripted(vec![Step::Fail(std::io::ErrorKind::ConnectionRefused)]);
-    let error = IdempotentRetryLayer::new().policy(quick().max_attempts(3)).layer(server).oneshot(order()).await.unwrap_err();
+    let error =
+        IdempotentRetryLayer::new().policy(quick().max_attempts(3)).layer(server).oneshot(order()).await.unwrap_err();
     assert_eq!(error.kind(), RetryErrorKind::GaveUp);
     assert_eq!(error.attempts(), 3);
     assert!(!error.may_have_executed(), "every connection was refused: nothing was sent");
@@ -235,7 +235,8 @@ async fn giving_up_says_whether_the_request_may_have_executed() {
         Step::Fail(std::io::ErrorKind::ConnectionRefused),
         Step::Fail(std::io::ErrorKind::ConnectionReset),
     ]);
-    let error = IdempotentRetryLayer::new().policy(quick().max_attempts(3)).layer(server).oneshot(order()).await.unwrap_err();
+    let error =
+        IdempotentRetryLayer::new().policy(quick().max_attempts(3)).layer(server).oneshot(order()).await.unwrap_err();
     assert!(error.may_have_executed(), "a reset connection may have carried the request");
     assert!(error.key().is_some(), "the key to retry with later");
     assert_eq!(error.retries().len(), 3);
@@ -264,10 +265,11 @@ async fn unguarded_methods_are_sent_once_without_a_key() {
 #[tokio::test]
 async fn hyper_clients_refused_connections_are_known_not_to_have_run() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Full<Bytes>>();
+    let http =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
     let request = Request::post(format!("http://127.0.0.1:{port}/orders")).body(Full::new(Bytes::new())).unwrap();
-    let error = IdempotentRetryLayer::new().policy(quick().max_attempts(2)).layer(http).oneshot(request).await.unwrap_err();
+    let error =
+        IdempotentRetryLayer::new().policy(quick().max_attempts(2)).layer(http).oneshot(request).await.unwrap_err();
     assert_eq!((error.kind(), error.attempts()), (RetryErrorKind::GaveUp, 2));
     assert_eq!(error.retries(), [RetryReason::ConnectionFailed, RetryReason::ConnectionFailed]);
     assert!(!error.may_have_executed(), "{error}");

@@ -77,15 +77,17 @@ where
             let response = send(&mut inner, attempt).await?;
             W::judge(response, SystemTime::now()).await
         };
-        let (reason, retry_after, last) = match tokio::time::timeout(policy.timeout_at(started.elapsed()), exchange).await
-        {
-            Ok(Ok(Judged { response, decision: Decision::Stop, .. })) => return Ok(answer(response, tally, request.key.clone(), false)),
-            Ok(Ok(Judged { response, decision: Decision::Retry(reason), retry_after })) => {
-                (reason, retry_after, Ok(response))
-            }
-            Ok(Err(error)) => (RetryReason::ConnectionFailed, None, Err(error)),
-            Err(_elapsed) => (RetryReason::TimedOut, None, Err(BoxError::from("the attempt timed out"))),
-        };
+        let (reason, retry_after, last) =
+            match tokio::time::timeout(policy.timeout_at(started.elapsed()), exchange).await {
+                Ok(Ok(Judged { response, decision: Decision::Stop, .. })) => {
+                    return Ok(answer(response, tally, request.key.clone(), false));
+                }
+                Ok(Ok(Judged { response, decision: Decision::Retry(reason), retry_after })) => {
+                    (reason, retry_after, Ok(response))
+                }
+                Ok(Err(error)) => (RetryReason::ConnectionFailed, None, Err(error)),
+                Err(_elapsed) => (RetryReason::TimedOut, None, Err(BoxError::from("the attempt timed out"))),
+            };
         tally.may_have_executed |= match &last {
             Err(error) if reason == RetryReason::ConnectionFailed => !connection_refused(error),
             _ => reason.may_have_executed(),
@@ -104,7 +106,9 @@ where
     }
 }
 
-/// Sends `request` once, as it came, for a method the layer does not guard.
+/// Sends `request` once, as it came, for a method the layer does not guard (gRPC: its body
+/// needs no buffering).
+#[cfg(feature = "tonic")]
 pub(crate) async fn pass_through<S, R, RB>(mut inner: S, request: R) -> Result<Response<ResponseBody<RB>>, RetryError>
 where
     S: Service<R, Response = Response<RB>>,

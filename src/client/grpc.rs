@@ -56,7 +56,13 @@ impl GrpcIdempotentRetryLayer {
     /// The layer with the default [`RetryPolicy`], guarding every method, buffering request
     /// messages up to 1 MiB.
     pub fn new() -> Self {
-        Self { settings: Arc::new(GrpcSettings { policy: RetryPolicy::default(), methods: None, body_limit: DEFAULT_BODY_LIMIT }) }
+        Self {
+            settings: Arc::new(GrpcSettings {
+                policy: RetryPolicy::default(),
+                methods: None,
+                body_limit: DEFAULT_BODY_LIMIT,
+            }),
+        }
     }
 
     /// How often and how long to retry.

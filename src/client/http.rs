@@ -126,7 +126,8 @@ where
         let settings = self.settings.clone();
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            let key = settings.methods.contains(&parts.method).then(|| attach_key(&mut parts.headers, &parts.extensions));
+            let key =
+                settings.methods.contains(&parts.method).then(|| attach_key(&mut parts.headers, &parts.extensions));
             let body = buffered(body, settings.body_limit, key.as_deref()).await?;
             run::<Http, _, _>(inner, settings.policy, LogicalRequest { parts, body, key }).await
         })

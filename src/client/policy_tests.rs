@@ -116,7 +116,7 @@ fn full_jitter_stays_between_zero_and_the_exponential_ceiling() {
         let ceiling = policy.backoff_ceiling(retry);
         assert_eq!(policy.delay(retry, None, 0), Duration::ZERO);
         assert_eq!(policy.delay(retry, None, u64::try_from(ceiling.as_nanos()).unwrap()), ceiling);
-        assert_eq!(policy.delay(retry, None, u64::MAX) <= ceiling, true);
+        assert!(policy.delay(retry, None, u64::MAX) <= ceiling);
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         for _ in 0..1000 {
             seed ^= seed << 13;
