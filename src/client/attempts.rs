@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::policy::{Decision, RetryPolicy, RetryReason};
 use super::report::{RetryError, RetryErrorKind, RetryReport};
+use super::telemetry;
 use crate::BoxError;
 
 /// How one protocol builds an attempt's body and judges an answer.
@@ -67,11 +68,15 @@ where
     RB: Body<Data = Bytes> + Send + 'static,
     RB::Error: Into<BoxError>,
 {
-    let policy = if request.key.is_some() { policy } else { policy.max_attempts(1) };
+    let guarded = request.key.is_some();
+    let policy = if guarded { policy } else { policy.max_attempts(1) };
     let started = tokio::time::Instant::now();
     let mut tally = Tally::default();
     loop {
         tally.attempts += 1;
+        if guarded {
+            telemetry::attempt();
+        }
         let attempt = Request::from_parts(request.parts.clone(), W::request_body(request.body.clone()));
         let exchange = async {
             let response = send(&mut inner, attempt).await?;
@@ -94,12 +99,16 @@ where
         };
         let delay = policy.delay(tally.retries.len() as u32, retry_after, random());
         if !policy.may_retry(tally.attempts, started.elapsed(), delay) {
+            if guarded {
+                telemetry::give_up(reason);
+            }
             return match last {
-                Ok(response) => Ok(answer(response, tally, request.key.clone(), true)),
+                Ok(response) => Ok(answer(response, tally, request.key.clone(), guarded)),
                 Err(source) => Err(gave_up(tally, reason, request.key.clone(), source)),
             };
         }
         tracing::debug!(attempt = tally.attempts, reason = reason.as_str(), ?delay, "idempotent retry");
+        telemetry::retry(reason);
         tally.retries.push(reason);
         drop(last);
         tokio::time::sleep(delay).await;

@@ -88,7 +88,9 @@
 //!
 //! Dependencies of the `client` feature: `uuid` (v4 keys), `getrandom` (the jitter; `uuid`
 //! already uses it), `httpdate` (`Retry-After` dates) and `serde_json` (the problem `code`).
-//! Metrics are not emitted yet; each retry is a `tracing` event at debug level.
+//! With the `metrics` feature the layers count attempts, retries by reason and give-ups
+//! through the `metrics` facade (names in [`telemetry`]); each retry is also a `tracing`
+//! event at debug level.
 //!
 //! [`IdempotencyKey`]: crate::IdempotencyKey
 
@@ -101,6 +103,7 @@ mod key;
 mod policy;
 mod report;
 mod retry_after;
+pub mod telemetry;
 
 pub use body::ResponseBody;
 #[cfg(feature = "tonic")]
