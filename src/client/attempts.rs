@@ -2,6 +2,7 @@
 //! after attempt with the same key and the same bytes until the policy says stop.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -9,11 +10,35 @@ use http::{Request, Response, request};
 use http_body::Body;
 use tower_service::Service;
 
-use super::body::ResponseBody;
+use super::body::{ResponseBody, buffer_request};
 use super::policy::{Decision, RetryPolicy, RetryReason};
 use super::report::{RetryError, RetryErrorKind, RetryReport};
 use super::telemetry;
 use crate::BoxError;
+
+/// The future of a call: the answer with its [`RetryReport`], or the error.
+pub type RetryFuture<B> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, RetryError>> + Send>>;
+
+/// The request body, read once for all attempts.
+pub(crate) async fn buffered<B>(body: B, limit: usize, key: Option<&str>) -> Result<Bytes, RetryError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let refused = |kind, source| RetryError {
+        kind,
+        key: key.map(str::to_owned),
+        attempts: 0,
+        retries: Vec::new(),
+        may_have_executed: false,
+        source,
+    };
+    match buffer_request(body, limit).await {
+        Ok(Some(bytes)) => Ok(bytes),
+        Ok(None) => Err(refused(RetryErrorKind::BodyTooLarge, None)),
+        Err(error) => Err(refused(RetryErrorKind::BodyUnreadable, Some(error))),
+    }
+}
 
 /// How one protocol builds an attempt's body and judges an answer.
 pub(crate) trait Wire {

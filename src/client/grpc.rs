@@ -12,11 +12,10 @@ use http_body_util::Full;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::attempts::{Judged, LogicalRequest, Wire, pass_through, run};
+use super::attempts::{Judged, LogicalRequest, RetryFuture, Wire, buffered, pass_through, run};
 use super::body::ResponseBody;
-use super::http::{RetryFuture, buffered};
 use super::key::attach_key;
-use super::policy::{RetryPolicy, decide_grpc};
+use super::policy::{Decision, RetryPolicy, decide_grpc};
 use super::report::RetryError;
 use super::retry_after::retry_after_of;
 use crate::BoxError;
@@ -154,7 +153,7 @@ impl Wire for Grpc {
         let code = headers.get("idempotency-code").and_then(|v| v.to_str().ok());
         let decision = match status {
             Some(status) => decide_grpc(status, code, retry_after.is_some()),
-            None => super::Decision::Stop,
+            None => Decision::Stop,
         };
         Ok(Judged { response: response.map(ResponseBody::streaming), decision, retry_after })
     }

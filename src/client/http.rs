@@ -1,7 +1,5 @@
 //! The layer for HTTP clients: any `Service<http::Request<Full<Bytes>>>`.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
@@ -13,11 +11,11 @@ use http_body_util::Full;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::attempts::{Judged, LogicalRequest, Wire, run};
-use super::body::{ResponseBody, buffer_request};
+use super::attempts::{Judged, LogicalRequest, RetryFuture, Wire, buffered, run};
+use super::body::ResponseBody;
 use super::key::attach_key;
 use super::policy::{RetryPolicy, decide_http};
-use super::report::{RetryError, RetryErrorKind};
+use super::report::RetryError;
 use super::retry_after::retry_after_of;
 use crate::BoxError;
 
@@ -76,7 +74,7 @@ impl IdempotentRetryLayer {
     }
 
     /// The largest request body the layer buffers for resending; a larger one fails with
-    /// [`RetryErrorKind::BodyTooLarge`] before anything is sent.
+    /// [`RetryErrorKind::BodyTooLarge`](super::report::RetryErrorKind::BodyTooLarge) before anything is sent.
     pub fn body_limit(mut self, bytes: usize) -> Self {
         Arc::make_mut(&mut self.settings).body_limit = bytes;
         self
@@ -98,9 +96,6 @@ pub struct IdempotentRetryService<S> {
     inner: S,
     settings: Arc<Settings>,
 }
-
-/// The future of a call: the answer with its [`RetryReport`](super::RetryReport), or the error.
-pub type RetryFuture<B> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, RetryError>> + Send>>;
 
 impl<S, B, RB> Service<Request<B>> for IdempotentRetryService<S>
 where
@@ -131,27 +126,6 @@ where
             let body = buffered(body, settings.body_limit, key.as_deref()).await?;
             run::<Http, _, _>(inner, settings.policy, LogicalRequest { parts, body, key }).await
         })
-    }
-}
-
-/// The request body, read once for all attempts.
-pub(crate) async fn buffered<B>(body: B, limit: usize, key: Option<&str>) -> Result<Bytes, RetryError>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let refused = |kind, source| RetryError {
-        kind,
-        key: key.map(str::to_owned),
-        attempts: 0,
-        retries: Vec::new(),
-        may_have_executed: false,
-        source,
-    };
-    match buffer_request(body, limit).await {
-        Ok(Some(bytes)) => Ok(bytes),
-        Ok(None) => Err(refused(RetryErrorKind::BodyTooLarge, None)),
-        Err(error) => Err(refused(RetryErrorKind::BodyUnreadable, Some(error))),
     }
 }
 

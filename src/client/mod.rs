@@ -105,10 +105,11 @@ mod report;
 mod retry_after;
 pub mod telemetry;
 
+pub use attempts::RetryFuture;
 pub use body::ResponseBody;
 #[cfg(feature = "tonic")]
 pub use grpc::{GrpcIdempotentRetryLayer, GrpcIdempotentRetryService};
-pub use http::{IdempotentRetryLayer, IdempotentRetryService, RetryFuture};
+pub use http::{IdempotentRetryLayer, IdempotentRetryService};
 pub use policy::{Decision, RetryPolicy, RetryReason, decide_grpc, decide_http};
 pub use report::{RetryError, RetryErrorKind, RetryReport};
 pub use retry_after::parse_retry_after;
