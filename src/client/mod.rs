@@ -42,6 +42,9 @@
 //! Requests of methods the layer does not guard (GET, PUT, DELETE by default) are sent once,
 //! without a key, and never retried.
 //!
+//! The layers run on Tokio: the backoff, the per-attempt timeout and the deadline use its
+//! timer, so the runtime needs its time driver (`enable_time`, on in `#[tokio::main]`).
+//!
 //! ```
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicU32, Ordering};
