@@ -118,6 +118,7 @@
 mod body;
 mod buffer;
 #[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;
 mod config;
 pub mod context;

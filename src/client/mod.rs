@@ -111,6 +111,7 @@ pub mod telemetry;
 pub use attempts::RetryFuture;
 pub use body::ResponseBody;
 #[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use grpc::{GrpcIdempotentRetryLayer, GrpcIdempotentRetryService};
 pub use http::{IdempotentRetryLayer, IdempotentRetryService};
 pub use policy::{Decision, RetryPolicy, RetryReason, decide_grpc, decide_http};
