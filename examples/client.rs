@@ -1,7 +1,7 @@
 //! # Creating orders with retries that keep their key
 //!
 //! The client half of `tower-idempotency`: hyper-util's client behind
-//! [`IdempotentRetryLayer`], creating orders on the reference service (`examples/orders.rs`).
+//! [`IdempotentRetryLayer`], creating orders on the reference service (`cargo run --example orders`).
 //! Each order is one logical request: the layer gives it a fresh `Idempotency-Key` and sends
 //! that same key, and the same bytes, on every retry, so a retry after a lost answer gets the
 //! stored answer instead of creating a second order. Each attempt is printed as it goes.
