@@ -121,6 +121,9 @@
 
 mod body;
 mod buffer;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 mod config;
 pub mod context;
 pub mod contract {
