@@ -112,6 +112,11 @@
 //! - `tonic`: the same layer on a tonic server for the gRPC methods it names
 //!   (`grpc_methods`, `into_tonic`): key from `idempotency-key` metadata, success from
 //!   `grpc-status`, refusals as gRPC statuses. See `grpc`.
+//! - `client`: the client half, `client::IdempotentRetryLayer` (and, with `tonic`,
+//!   `client::GrpcIdempotentRetryLayer`): retries that keep their key, for hyper-style HTTP
+//!   clients and tonic channels.
+//! - `metrics`: counters through the `metrics` facade (today the client layers' attempts,
+//!   retries and give-ups).
 //! - `testkit`: the conformance suites in `testkit` for your own stores and services.
 //! - `full`: all of the above.
 //! - `grpc-example`: not for library users; compiles the `.proto` files of this crate's own

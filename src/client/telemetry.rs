@@ -3,18 +3,18 @@
 //!
 //! | metric | labels | counts |
 //! |---|---|---|
-//! | `tower_idempotency_client_attempts_total` | — | attempts sent for guarded requests, first attempts included |
-//! | `tower_idempotency_client_retries_total` | `reason` | retries, by [`RetryReason::as_str`] |
-//! | `tower_idempotency_client_give_ups_total` | `reason` | logical requests whose last answer still said "later" (or failed) when the attempts or the deadline ran out, by the reason of that last answer |
+//! | `idempotency_client_attempts_total` | — | attempts sent for guarded requests, first attempts included |
+//! | `idempotency_client_retries_total` | `reason` | retries, by [`RetryReason::as_str`] |
+//! | `idempotency_client_give_ups_total` | `reason` | logical requests whose last answer still said "later" (or failed) when the attempts or the deadline ran out, by the reason of that last answer |
 
 use super::policy::RetryReason;
 
 /// Attempts sent for guarded requests.
-pub const ATTEMPTS: &str = "tower_idempotency_client_attempts_total";
+pub const ATTEMPTS: &str = "idempotency_client_attempts_total";
 /// Retries, labelled with `reason`.
-pub const RETRIES: &str = "tower_idempotency_client_retries_total";
+pub const RETRIES: &str = "idempotency_client_retries_total";
 /// Give-ups, labelled with `reason`.
-pub const GIVE_UPS: &str = "tower_idempotency_client_give_ups_total";
+pub const GIVE_UPS: &str = "idempotency_client_give_ups_total";
 
 /// One attempt is about to be sent.
 pub(crate) fn attempt() {
