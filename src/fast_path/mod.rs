@@ -75,6 +75,7 @@ mod begin;
 mod claim;
 mod codec;
 mod connection;
+mod keying;
 mod scripts;
 mod stats;
 
@@ -84,7 +85,9 @@ use std::time::Duration;
 pub use claim::FastPathClaim;
 pub use connection::RedisConnection;
 use connection::RedisLink;
+use keying::Keying;
 pub use stats::FastPathStats;
+use tokio::sync::OnceCell;
 
 use crate::name::InvalidName;
 use crate::store::Store;
@@ -95,6 +98,9 @@ pub struct FastPath<S> {
     inner: S,
     link: Arc<RedisLink>,
     options: Arc<Options>,
+    /// The deployment's keying, from the application's secret or read once from the store;
+    /// `None` inside: the store has no secret and none was given, so Redis is left alone.
+    keying: Arc<OnceCell<Option<Arc<Keying>>>>,
 }
 
 /// A fast path's settings, shared by its clones and its claims.
@@ -125,7 +131,12 @@ impl Default for Options {
 
 impl<S: Clone> Clone for FastPath<S> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), link: self.link.clone(), options: self.options.clone() }
+        Self {
+            inner: self.inner.clone(),
+            link: self.link.clone(),
+            options: self.options.clone(),
+            keying: self.keying.clone(),
+        }
     }
 }
 
@@ -150,7 +161,12 @@ impl<S: Store> FastPath<S> {
     /// [`ConnectionManager`]: redis::aio::ConnectionManager
     /// [`ClusterConnection`]: redis::cluster_async::ClusterConnection
     pub fn new(inner: S, redis: impl Into<RedisConnection>) -> Self {
-        Self { inner, link: Arc::new(RedisLink::new(redis.into())), options: Arc::new(Options::default()) }
+        Self {
+            inner,
+            link: Arc::new(RedisLink::new(redis.into())),
+            options: Arc::new(Options::default()),
+            keying: Arc::new(OnceCell::new()),
+        }
     }
 
     /// A fast path over `inner` on the Redis node at `url` (`redis://host:port/db`), through a
@@ -174,8 +190,9 @@ impl<S: Store> FastPath<S> {
         Ok(Self::new(inner, RedisConnection::pending_cluster(nodes)?))
     }
 
-    /// The prefix of every key (default `tidem`): give each durable store its own when several
-    /// share one Redis. Visible ASCII, 1 to 64 bytes, without `{` or `}`.
+    /// The prefix of every key (default `tidem`). Deployments sharing one Redis need not set
+    /// one each: their keys are namespaced by their secret already (see
+    /// [`secret`](Self::secret)). Visible ASCII, 1 to 64 bytes, without `{` or `}`.
     pub fn prefix(mut self, prefix: &str) -> Result<Self, InvalidName> {
         if !scripts::valid_prefix(prefix) {
             return Err(InvalidName::new(
@@ -186,6 +203,22 @@ impl<S: Store> FastPath<S> {
         }
         Arc::make_mut(&mut self.options).prefix = Arc::from(prefix);
         Ok(self)
+    }
+
+    /// The deployment's secret, given by the application instead of read from the store: the
+    /// namespace of the fast path's Redis keys and the key of the MAC of its cached values are
+    /// derived from it. Use at least 32 random bytes, kept as a credential.
+    ///
+    /// By default the fast path reads the durable store's own
+    /// ([`Store::deployment_secret`]), once, on the first request: every deployment (store)
+    /// then has its own namespace without configuration, and replicas of one deployment share
+    /// it. Give one for a store that has none (without a secret the fast path stays out of
+    /// Redis and every request goes to the store), or to share a cache across stores on
+    /// purpose (only stores that hold the same records may share one).
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        let keying = Arc::new(Keying::derive(secret.as_ref()));
+        self.keying = Arc::new(OnceCell::new_with(Some(Some(keying))));
+        self
     }
 
     /// The longest a lock lives (default 10 s); a lock never outlives the claim's lease either.
@@ -225,5 +258,30 @@ impl<S: Store> FastPath<S> {
     /// What the fast path has done so far (shared by its clones).
     pub fn stats(&self) -> FastPathStats {
         self.link.counters.snapshot()
+    }
+
+    /// The deployment's keying: the application's secret, else the store's, read on first use
+    /// (a failed read is tried again on the next request). `None`: no secret, stay out of Redis.
+    async fn keying(&self) -> Option<Arc<Keying>> {
+        let read = self
+            .keying
+            .get_or_try_init(|| async {
+                let secret = self.inner.deployment_secret().await?;
+                if secret.is_none() {
+                    tracing::warn!(
+                        "idempotency: the store has no deployment secret and none was given \
+                         (FastPath::secret); the Redis fast path is off, every request goes to the store"
+                    );
+                }
+                Ok::<_, crate::store::StoreError>(secret.map(|secret| Arc::new(Keying::derive(&secret))))
+            })
+            .await;
+        match read {
+            Ok(keying) => keying.clone(),
+            Err(error) => {
+                tracing::warn!(%error, "idempotency: reading the store's deployment secret failed; this request skips Redis");
+                None
+            }
+        }
     }
 }
