@@ -19,7 +19,7 @@ use redis::AsyncCommands;
 use support::redis::{find_key, namespace_of, raw_connection, shared_server, unique_prefix};
 use tower_idempotency::store::{Begin, BeginRequest, Claim, Outcome, Store, StoreError};
 use tower_idempotency::testkit::store::{answer, claim, existing, fingerprint, fresh_id};
-use tower_idempotency::{CouplingMode, FastPath, MemoryStore, PostgresStore, RecordState};
+use tower_idempotency::{CouplingMode, FastPath, MemoryStore, PostgresStore, RecordState, Retention};
 
 /// The fast path over `store` on the shared server, under `prefix`.
 fn fast_over<S: Store>(store: S, prefix: &str) -> FastPath<S> {
@@ -245,5 +245,24 @@ fn a_store_without_a_secret_keeps_the_fast_path_out_of_redis() {
         claim(&fast, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("keyed"))).await.unwrap();
         assert_eq!(existing(&fast, BeginRequest::new(&id, &fp)).await.response, Some(answer("keyed")));
         assert_eq!(fast.stats().hits, 1);
+    });
+}
+
+#[test]
+fn a_cached_value_kept_past_its_time_is_not_replayed() {
+    tower_idempotency::testkit::run(async {
+        let prefix = unique_prefix();
+        let fast = fast_over(support::pg_store(CouplingMode::Atomic).await, &prefix);
+        let (id, fp) = (fresh_id("persisted"), fingerprint(10));
+        let retention = Retention { response: Duration::from_secs(5), tombstone: Duration::from_secs(600) };
+        let request = || BeginRequest::new(&id, &fp).retention(retention);
+        claim(&fast, request()).await.finish(Outcome::Complete(answer("old"))).await.unwrap();
+        // Someone with access to Redis keeps the value beyond the TTL it was written with.
+        let cache = find_key(shared_server(), &prefix, &id, 'c').expect("the answer is cached");
+        assert_eq!(shared_server().cli(&["persist", &cache]).trim(), "1", "the value was still there to keep");
+        tokio::time::sleep(retention.response + Duration::from_millis(500)).await;
+        let record = existing(&fast, request()).await;
+        assert_eq!(record.state, RecordState::Expired, "past its retention the store answers with the tombstone");
+        assert_eq!((fast.stats().hits, fast.stats().unverified), (0, 1));
     });
 }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::FastPath;
 use super::claim::{self, FastPathClaim, LockGuard, TOKEN_LEN};
 use super::codec::{self, Decoded};
-use super::keying::Keying;
+use super::keying::{self, Keying};
 use super::scripts::{self, Keys, Probe};
 use crate::store::{Begin, BeginRequest, Store, StoreError};
 
@@ -55,7 +55,7 @@ impl<S: Store> Store for FastPath<S> {
             match probe {
                 Probe::Cached(value) => {
                     guard.disarm();
-                    match codec::decode(&keying, request.id, &value) {
+                    match codec::decode(&keying, request.id, &value, keying::unix_millis()) {
                         Decoded::Record(record) => {
                             counters.hits.bump();
                             return Ok(Begin::Existing(record));

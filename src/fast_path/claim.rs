@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::connection::RedisLink;
-use super::keying::Keying;
+use super::keying::{self, Keying};
 use super::scripts::{self, Keys};
 use super::{FastPath, Options, codec};
 use crate::fingerprint::Fingerprint;
@@ -65,22 +65,25 @@ impl<C: Claim> Claim for FastPathClaim<C> {
             Outcome::Reject(response) => Some((RecordState::Failed, response)),
             Outcome::Release => None,
         };
-        let value = match (&guard.keying, state) {
-            (Some(keying), Some((state, response))) => {
-                Some(codec::encode(keying, &guard.id, state, &guard.fingerprint, response))
-            }
+        let payload = match (&guard.keying, state) {
+            (Some(_), Some((state, response))) => Some(codec::encode_payload(state, &guard.fingerprint, response)),
             _ => None,
         };
         // The record's retention starts no earlier than this. The cached copy's TTL is counted
         // from here, less the longest the write may take to reach Redis (the call's timeout),
-        // so it ends no later than the record's response does.
+        // so it ends no later than the record's response does. The value is sealed with that
+        // end, so a copy kept in Redis past its TTL is not replayed either.
         let started = Instant::now();
+        let sealed_at = keying::unix_millis();
         let finished = inner.finish(outcome).await;
         // Only a committed outcome is cached.
         let spent = started.elapsed() + guard.options.timeout;
         let ttl = retention.saturating_sub(spent).min(guard.options.cache_ttl_cap);
-        let cache = match (&finished, value) {
-            (Ok(()), Some(value)) if ttl >= Duration::from_millis(1) => Some((value, ttl)),
+        let cache = match (&finished, payload, &guard.keying) {
+            (Ok(()), Some(payload), Some(keying)) if ttl >= Duration::from_millis(1) => {
+                let until = sealed_at.saturating_add(u64::try_from((spent + ttl).as_millis()).unwrap_or(u64::MAX));
+                Some((keying.seal(&guard.id, until, payload), ttl))
+            }
             _ => None,
         };
         guard.settle(cache).await;

@@ -1,10 +1,11 @@
 //! The cached value of a finished record: a small versioned binary encoding, sealed with a MAC
-//! over the identity and the whole value (see [`Keying`]).
+//! over the identity, the whole value and the time it may be replayed until (see [`Keying`]).
 //!
 //! Format 2: the format, the state (1 completed, 2 failed), the fingerprint's version and digest,
 //! the status (u16, big-endian), the length of the encoded headers and trailers (u32,
-//! big-endian), those fields ([`StoredResponse::encode_fields`]), the body, then the MAC (32
-//! bytes). Format 1 (the same without the MAC) is never trusted: its values are misses. Change the
+//! big-endian), those fields ([`StoredResponse::encode_fields`]), the body; then the seal: the
+//! time it may be replayed until (milliseconds since the Unix epoch, u64 big-endian) and the MAC
+//! (32 bytes). Format 1 (without the seal) is never trusted: its values are misses. Change the
 //! format only with a new version byte.
 
 use bytes::Bytes;
@@ -20,20 +21,8 @@ const CACHE_FORMAT: u8 = 2;
 /// Version, state, fingerprint version and digest, status, length of the fields.
 const CACHE_HEADER_LEN: usize = 1 + 1 + 1 + 32 + 2 + 4;
 
-/// The cached value of `id`'s finished record, sealed with `keying` (see the [module
-/// docs](self)).
-pub(super) fn encode(
-    keying: &Keying,
-    id: &RecordId,
-    state: RecordState,
-    fingerprint: &Fingerprint,
-    response: &StoredResponse,
-) -> Vec<u8> {
-    keying.seal(id, encode_payload(state, fingerprint, response))
-}
-
-/// The value before its MAC.
-fn encode_payload(state: RecordState, fingerprint: &Fingerprint, response: &StoredResponse) -> Vec<u8> {
+/// The value of a finished record before its seal ([`Keying::seal`]).
+pub(super) fn encode_payload(state: RecordState, fingerprint: &Fingerprint, response: &StoredResponse) -> Vec<u8> {
     let fields = response.encode_fields();
     let mut value = Vec::with_capacity(CACHE_HEADER_LEN + fields.len() + response.body.len());
     value.push(CACHE_FORMAT);
@@ -52,16 +41,17 @@ fn encode_payload(state: RecordState, fingerprint: &Fingerprint, response: &Stor
 pub(super) enum Decoded {
     /// The record, verified: written by this deployment for this identity, unaltered.
     Record(Record),
-    /// The MAC does not verify: altered, another identity's, another deployment's, or of a
-    /// format without a MAC.
+    /// The MAC does not verify (altered, another identity's, another deployment's, or of a
+    /// format without a MAC), or the value is past its time.
     Unverified,
     /// The MAC verifies, yet the value does not decode (a format this build does not know).
     Unreadable,
 }
 
-/// Reads a value written by [`encode`] for `id` with `keying`. Anything else is not trusted.
-pub(super) fn decode(keying: &Keying, id: &RecordId, value: &[u8]) -> Decoded {
-    match keying.open(id, value) {
+/// Reads a value sealed for `id` with `keying`, at `now` (milliseconds since the Unix epoch).
+/// Anything else is not trusted.
+pub(super) fn decode(keying: &Keying, id: &RecordId, value: &[u8], now: u64) -> Decoded {
+    match keying.open(id, value, now) {
         None => Decoded::Unverified,
         Some(payload) => decode_payload(payload).map_or(Decoded::Unreadable, Decoded::Record),
     }
@@ -96,7 +86,6 @@ pub(super) fn decode_payload(value: &[u8]) -> Option<Record> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::keying::TAG_LEN;
     use super::*;
     use http::{HeaderName, HeaderValue};
 
@@ -117,28 +106,29 @@ mod tests {
         let keying = Keying::derive(b"secret");
         let fingerprint = Fingerprint::from_parts(1, [9; 32]);
         for state in [RecordState::Completed, RecordState::Failed] {
-            let value = encode(&keying, &id("a"), state, &fingerprint, &response());
+            let value = keying.seal(&id("a"), 1000, encode_payload(state, &fingerprint, &response()));
             let record = Record::with_response(state, fingerprint, response());
-            assert_eq!(decode(&keying, &id("a"), &value), Decoded::Record(record));
+            assert_eq!(decode(&keying, &id("a"), &value, 999), Decoded::Record(record));
+            assert_eq!(decode(&keying, &id("a"), &value, 1000), Decoded::Unverified, "past its time");
         }
     }
 
     #[test]
     fn values_are_trusted_only_for_their_identity_and_deployment_and_unaltered() {
         let keying = Keying::derive(b"secret");
-        let value =
-            encode(&keying, &id("a"), RecordState::Completed, &Fingerprint::from_parts(1, [9; 32]), &response());
-        assert_eq!(decode(&keying, &id("b"), &value), Decoded::Unverified);
-        assert_eq!(decode(&Keying::derive(b"other"), &id("a"), &value), Decoded::Unverified);
+        let payload = encode_payload(RecordState::Completed, &Fingerprint::from_parts(1, [9; 32]), &response());
+        let value = keying.seal(&id("a"), u64::MAX, payload.clone());
+        assert_eq!(decode(&keying, &id("b"), &value, 0), Decoded::Unverified);
+        assert_eq!(decode(&Keying::derive(b"other"), &id("a"), &value, 0), Decoded::Unverified);
         let mut altered = value.clone();
-        let last_body_byte = value.len() - TAG_LEN - 1;
+        let last_body_byte = payload.len() - 1;
         altered[last_body_byte] ^= 0x20;
-        assert_eq!(decode(&keying, &id("a"), &altered), Decoded::Unverified);
-        let mut format_1 = value[..value.len() - TAG_LEN].to_vec();
+        assert_eq!(decode(&keying, &id("a"), &altered, 0), Decoded::Unverified);
+        let mut format_1 = payload;
         format_1[0] = 1;
-        assert_eq!(decode(&keying, &id("a"), &format_1), Decoded::Unverified, "format 1 has no MAC");
-        let unknown_format = keying.seal(&id("a"), vec![9; 60]);
-        assert_eq!(decode(&keying, &id("a"), &unknown_format), Decoded::Unreadable);
+        assert_eq!(decode(&keying, &id("a"), &format_1, 0), Decoded::Unverified, "format 1 has no MAC");
+        let unknown_format = keying.seal(&id("a"), u64::MAX, vec![9; 60]);
+        assert_eq!(decode(&keying, &id("a"), &unknown_format, 0), Decoded::Unreadable);
     }
 
     #[test]
