@@ -75,7 +75,8 @@
 //! - `REDIS_URL` (`redis://127.0.0.1:6379/`, in a build with the `redis` feature): puts the
 //!   Redis fast path in front of the idempotency store: replays answered from Redis, concurrent
 //!   duplicates kept off the database. Redis is never what keeps the promise; while it is down
-//!   the service runs on its database alone.
+//!   the service runs on its database alone. Services with their own databases may share one
+//!   Redis: each database's deployment secret namespaces and seals its entries.
 //!
 //! Create an order:
 //!

@@ -1,14 +1,16 @@
-//! How a begin goes through the fast path: the cached response, else the lock and the durable
-//! store, else a bounded wait on the lock's holder; the durable store alone whenever Redis
-//! fails or is cooling down.
+//! How a begin goes through the fast path: the cached response (if it verifies), else the lock
+//! and the durable store, else a bounded wait on the lock's holder, then the durable store; the
+//! durable store alone whenever Redis fails or is cooling down, or the deployment has no secret.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::FastPath;
 use super::claim::{self, FastPathClaim, LockGuard, TOKEN_LEN};
-use super::codec;
+use super::codec::{self, Decoded};
+use super::keying::{self, Keying};
 use super::scripts::{self, Keys, Probe};
 use crate::store::{Begin, BeginRequest, Store, StoreError};
 
@@ -18,11 +20,15 @@ impl<S: Store> Store for FastPath<S> {
     async fn begin(&self, request: BeginRequest<'_>) -> Result<Begin<Self::Claim>, StoreError> {
         let deadline = Instant::now() + request.wait;
         let counters = &self.link.counters;
+        let Some(keying) = self.keying().await else {
+            counters.unkeyed.bump();
+            return self.unlocked(request, None, deadline).await;
+        };
         if self.link.cooling_down() {
             counters.bypassed.bump();
-            return self.unlocked(request, deadline).await;
+            return self.unlocked(request, Some(keying), deadline).await;
         }
-        let keys = Keys::new(&self.options.prefix, request.id);
+        let keys = Keys::new(&self.options.prefix, keying.namespace(), request.id);
         let lock_value = claim::lock_value(request.fingerprint);
         // The lock never outlives the claim's lease, so a dead holder's stale lease is found
         // by the store as soon as it would be without Redis.
@@ -30,48 +36,63 @@ impl<S: Store> Store for FastPath<S> {
         let mut backoff = self.options.poll_min;
         let mut waited = false;
         loop {
+            // The guard owns the lock before the script that may take it is sent: cancelled
+            // while the script is in flight, or at any later await, it releases the lock.
+            let mut guard =
+                LockGuard::new(self, &request, Some(keying.clone()), keys.clone(), Some(lock_value.clone()));
             let acquired =
                 scripts::acquire(&self.link.connection, &keys, &lock_value, lock_ttl, self.options.timeout).await;
             let probe = match acquired {
                 Ok(probe) => probe,
                 Err(failure) => {
                     self.link.failed(self.options.cooldown, request.id, &failure);
-                    // The script may still run after the timeout: take back a lock it would
-                    // leave behind, once Redis answers again (the token is ours alone).
-                    drop(LockGuard::new(self, &request, keys, Some(lock_value)));
-                    return self.unlocked(request, deadline).await;
+                    // The script may still run after the timeout: the guard takes back a lock
+                    // it would leave behind, once Redis answers again (the token is ours alone).
+                    drop(guard);
+                    return self.unlocked(request, Some(keying), deadline).await;
                 }
             };
             match probe {
-                Probe::Cached(value) => match codec::decode(&value) {
-                    Some(record) => {
-                        counters.hits.bump();
-                        return Ok(Begin::Existing(record));
+                Probe::Cached(value) => {
+                    guard.disarm();
+                    match codec::decode(&keying, request.id, &value, keying::unix_millis()) {
+                        Decoded::Record(record) => {
+                            counters.hits.bump();
+                            return Ok(Begin::Existing(record));
+                        }
+                        // Not written by this deployment for this identity, or altered: never
+                        // replayed. The store decides (and its outcome overwrites the value).
+                        Decoded::Unverified => counters.unverified.bump(),
+                        Decoded::Unreadable => counters.corrupt.bump(),
                     }
-                    None => {
-                        counters.corrupt.bump();
-                        counters.handed_over.bump();
-                        return self.unlocked(request, deadline).await;
-                    }
-                },
+                    counters.handed_over.bump();
+                    return self.unlocked(request, Some(keying), deadline).await;
+                }
                 Probe::Locked => {
                     if !waited {
                         counters.misses.bump();
                     }
                     counters.locks.bump();
-                    let guard = LockGuard::new(self, &request, keys, Some(lock_value));
                     let wait = deadline.saturating_duration_since(Instant::now());
                     return hand_lock_to_claim(self.inner.begin(request.wait(wait)).await, guard).await;
                 }
                 Probe::Held { holder, ttl } => {
+                    guard.disarm();
                     if !waited {
                         counters.misses.bump();
                     }
+                    let Some(ttl) = ttl.filter(|_| holder.len() == lock_value.len()) else {
+                        // A lock the fast path did not set (no expiry, or not of its shape):
+                        // never waited on. The store decides.
+                        counters.foreign_locks.bump();
+                        counters.handed_over.bump();
+                        return self.unlocked(request, Some(keying), deadline).await;
+                    };
                     if holder.get(TOKEN_LEN..) != lock_value.get(TOKEN_LEN..) {
                         // Another request with this key (a client bug, or a request of another
                         // shape): the store knows the record and answers the mismatch.
                         counters.handed_over.bump();
-                        return self.unlocked(request, deadline).await;
+                        return self.unlocked(request, Some(keying), deadline).await;
                     }
                     if !waited {
                         counters.waits.bump();
@@ -79,9 +100,10 @@ impl<S: Store> Store for FastPath<S> {
                     }
                     let now = Instant::now();
                     if now >= deadline {
+                        // Redis's word alone never answers in flight: the store does, if it
+                        // knows of a live claim, and otherwise claims.
                         counters.in_flight.bump();
-                        let retry_after = ttl.clamp(Duration::from_millis(1), Duration::from_secs(1));
-                        return Ok(Begin::InFlight { retry_after });
+                        return self.unlocked(request, Some(keying), deadline).await;
                     }
                     // Look again soon: never past the deadline, nor much past the lock's end.
                     let pause = backoff.min(deadline - now).min(ttl.max(Duration::from_millis(1)));
@@ -96,16 +118,24 @@ impl<S: Store> Store for FastPath<S> {
         // Cached responses expire by their TTL, which is within the record's retention.
         self.inner.purge(limit).await
     }
+
+    async fn deployment_secret(&self) -> Result<Option<[u8; 32]>, StoreError> {
+        self.inner.deployment_secret().await
+    }
 }
 
 impl<S: Store> FastPath<S> {
     /// The durable path without the lock: the store decides, within what is left of the wait.
+    /// A claim still caches its response when it finishes (unless `keying` is `None`).
     async fn unlocked(
         &self,
         request: BeginRequest<'_>,
+        keying: Option<Arc<Keying>>,
         deadline: Instant,
     ) -> Result<Begin<FastPathClaim<S::Claim>>, StoreError> {
-        let guard = LockGuard::new(self, &request, Keys::new(&self.options.prefix, request.id), None);
+        let namespace = keying.as_ref().map_or("", |keying| keying.namespace());
+        let keys = Keys::new(&self.options.prefix, namespace, request.id);
+        let guard = LockGuard::new(self, &request, keying, keys, None);
         let wait = deadline.saturating_duration_since(Instant::now());
         hand_lock_to_claim(self.inner.begin(request.wait(wait)).await, guard).await
     }

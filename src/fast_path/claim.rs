@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::connection::RedisLink;
+use super::keying::{self, Keying};
 use super::scripts::{self, Keys};
 use super::{FastPath, Options, codec};
 use crate::fingerprint::Fingerprint;
@@ -59,21 +60,30 @@ impl<C: Claim> Claim for FastPathClaim<C> {
     async fn finish(self, outcome: Outcome) -> Result<(), FinishError> {
         let FastPathClaim { inner, guard } = self;
         let retention = guard.retention;
-        let value = match &outcome {
-            Outcome::Complete(response) => Some(codec::encode(RecordState::Completed, &guard.fingerprint, response)),
-            Outcome::Reject(response) => Some(codec::encode(RecordState::Failed, &guard.fingerprint, response)),
+        let state = match &outcome {
+            Outcome::Complete(response) => Some((RecordState::Completed, response)),
+            Outcome::Reject(response) => Some((RecordState::Failed, response)),
             Outcome::Release => None,
+        };
+        let payload = match (&guard.keying, state) {
+            (Some(_), Some((state, response))) => Some(codec::encode_payload(state, &guard.fingerprint, response)),
+            _ => None,
         };
         // The record's retention starts no earlier than this. The cached copy's TTL is counted
         // from here, less the longest the write may take to reach Redis (the call's timeout),
-        // so it ends no later than the record's response does.
+        // so it ends no later than the record's response does. The value is sealed with that
+        // end, so a copy kept in Redis past its TTL is not replayed either.
         let started = Instant::now();
+        let sealed_at = keying::unix_millis();
         let finished = inner.finish(outcome).await;
         // Only a committed outcome is cached.
         let spent = started.elapsed() + guard.options.timeout;
         let ttl = retention.saturating_sub(spent).min(guard.options.cache_ttl_cap);
-        let cache = match (&finished, value) {
-            (Ok(()), Some(value)) if ttl >= Duration::from_millis(1) => Some((value, ttl)),
+        let cache = match (&finished, payload, &guard.keying) {
+            (Ok(()), Some(payload), Some(keying)) if ttl >= Duration::from_millis(1) => {
+                let until = sealed_at.saturating_add(u64::try_from((spent + ttl).as_millis()).unwrap_or(u64::MAX));
+                Some((keying.seal(&guard.id, until, payload), ttl))
+            }
             _ => None,
         };
         guard.settle(cache).await;
@@ -83,9 +93,16 @@ impl<C: Claim> Claim for FastPathClaim<C> {
 
 /// The Redis lock of a claim (if one was taken), and what the claim needs to cache its
 /// response. Released in the background if dropped unsettled.
+///
+/// It owns the lock from before the acquire script is sent until the release script has
+/// answered, so that a request cancelled at any await point in between (the script in flight,
+/// the durable store's begin, the handler, the release itself) leaves no lock behind: the drop
+/// releases it by its token.
 pub(super) struct LockGuard {
     link: Arc<RedisLink>,
     options: Arc<Options>,
+    /// The deployment's keying; `None`: the fast path has no secret and stays out of Redis.
+    keying: Option<Arc<Keying>>,
     id: RecordId,
     keys: Keys,
     /// Our lock value, while we hold the lock.
@@ -96,11 +113,19 @@ pub(super) struct LockGuard {
 }
 
 impl LockGuard {
-    /// The guard of `request`'s lock `lock` (`None`: no lock was taken) on `keys`.
-    pub(super) fn new<S>(fast: &FastPath<S>, request: &BeginRequest<'_>, keys: Keys, lock: Option<Vec<u8>>) -> Self {
+    /// The guard of `request`'s lock `lock` (`None`: no lock is or will be ours) on `keys`,
+    /// in the deployment of `keying`.
+    pub(super) fn new<S>(
+        fast: &FastPath<S>,
+        request: &BeginRequest<'_>,
+        keying: Option<Arc<Keying>>,
+        keys: Keys,
+        lock: Option<Vec<u8>>,
+    ) -> Self {
         LockGuard {
             link: fast.link.clone(),
             options: fast.options.clone(),
+            keying,
             id: *request.id,
             keys,
             lock,
@@ -109,18 +134,28 @@ impl LockGuard {
         }
     }
 
+    /// The lock was not taken after all (the script found a cached value or another holder):
+    /// nothing to release.
+    pub(super) fn disarm(&mut self) {
+        self.lock = None;
+    }
+
     /// Caches `cache` (a committed response and its TTL) and releases the lock, in one round
-    /// trip. A failure is counted and otherwise ignored: the lock's TTL bounds it.
+    /// trip. A failure is counted; the lock is then released once more in the background (its
+    /// TTL bounds it anyway). Cancelled, it releases the lock in the background too.
     pub(super) async fn settle(mut self, cache: Option<(Vec<u8>, Duration)>) {
         if (self.lock.is_none() && cache.is_none()) || self.link.cooling_down() {
             // Nothing to do, or Redis failed a moment ago and the answer is not held up for it
             // (a held lock is then released in the background, on drop).
             return;
         }
-        let lock = self.lock.take();
         let cache = cache.as_ref().map(|(value, ttl)| (value.as_slice(), *ttl));
-        match scripts::settle(&self.link.connection, &self.keys, lock.as_deref(), cache, self.options.timeout).await {
+        let settled =
+            scripts::settle(&self.link.connection, &self.keys, self.lock.as_deref(), cache, self.options.timeout).await;
+        match settled {
             Ok(cached) => {
+                // Released: nothing left for the drop to do.
+                self.lock = None;
                 if cached {
                     self.link.counters.cached.bump();
                 }
@@ -131,8 +166,11 @@ impl LockGuard {
 }
 
 impl Drop for LockGuard {
-    /// Releases a lock still held (a claim dropped unfinished, a lock a timed-out call may have
-    /// taken, a release skipped during the cool-down) from a task of its own, best effort.
+    /// Releases a lock still held (a request cancelled while its acquire script was in flight,
+    /// a claim dropped unfinished, a lock a timed-out call may have taken, a release that
+    /// failed or was skipped during the cool-down) from a task of its own, best effort. The
+    /// release goes down the same connection after the acquire, so it finds the lock if the
+    /// acquire took it.
     fn drop(&mut self) {
         let Some(lock) = self.lock.take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };

@@ -1,23 +1,28 @@
-//! The cached value of a finished record: a small versioned binary encoding.
+//! The cached value of a finished record: a small versioned binary encoding, sealed with a MAC
+//! over the identity, the whole value and the time it may be replayed until (see [`Keying`]).
 //!
-//! Format 1: the format, the state (1 completed, 2 failed), the fingerprint's version and digest,
+//! Format 2: the format, the state (1 completed, 2 failed), the fingerprint's version and digest,
 //! the status (u16, big-endian), the length of the encoded headers and trailers (u32,
-//! big-endian), those fields ([`StoredResponse::encode_fields`]), then the body to the end.
-//! Values already in Redis must keep decoding: change the format only with a new version byte.
+//! big-endian), those fields ([`StoredResponse::encode_fields`]), the body; then the seal: the
+//! time it may be replayed until (milliseconds since the Unix epoch, u64 big-endian) and the MAC
+//! (32 bytes). Format 1 (without the seal) is never trusted: its values are misses. Change the
+//! format only with a new version byte.
 
 use bytes::Bytes;
 use http::StatusCode;
 
+use super::keying::Keying;
 use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
 use crate::record::{Record, RecordState, StoredResponse};
 
 /// The version byte of the cached value's encoding.
-const CACHE_FORMAT: u8 = 1;
+const CACHE_FORMAT: u8 = 2;
 /// Version, state, fingerprint version and digest, status, length of the fields.
 const CACHE_HEADER_LEN: usize = 1 + 1 + 1 + 32 + 2 + 4;
 
-/// The cached value of a finished record (see the [module docs](self)).
-pub(super) fn encode(state: RecordState, fingerprint: &Fingerprint, response: &StoredResponse) -> Vec<u8> {
+/// The value of a finished record before its seal ([`Keying::seal`]).
+pub(super) fn encode_payload(state: RecordState, fingerprint: &Fingerprint, response: &StoredResponse) -> Vec<u8> {
     let fields = response.encode_fields();
     let mut value = Vec::with_capacity(CACHE_HEADER_LEN + fields.len() + response.body.len());
     value.push(CACHE_FORMAT);
@@ -31,8 +36,29 @@ pub(super) fn encode(state: RecordState, fingerprint: &Fingerprint, response: &S
     value
 }
 
-/// Reads a value written by [`encode`]; `None` for anything else (a miss).
-pub(super) fn decode(value: &[u8]) -> Option<Record> {
+/// What a cached value holds.
+#[derive(Debug, PartialEq)]
+pub(super) enum Decoded {
+    /// The record, verified: written by this deployment for this identity, unaltered.
+    Record(Record),
+    /// The MAC does not verify (altered, another identity's, another deployment's, or of a
+    /// format without a MAC), or the value is past its time.
+    Unverified,
+    /// The MAC verifies, yet the value does not decode (a format this build does not know).
+    Unreadable,
+}
+
+/// Reads a value sealed for `id` with `keying`, at `now` (milliseconds since the Unix epoch).
+/// Anything else is not trusted.
+pub(super) fn decode(keying: &Keying, id: &RecordId, value: &[u8], now: u64) -> Decoded {
+    match keying.open(id, value, now) {
+        None => Decoded::Unverified,
+        Some(payload) => decode_payload(payload).map_or(Decoded::Unreadable, Decoded::Record),
+    }
+}
+
+/// Reads a value's payload (without its MAC); `None` if it is not one.
+pub(super) fn decode_payload(value: &[u8]) -> Option<Record> {
     let (&[format, state, version], rest) = value.split_first_chunk::<3>()?;
     if format != CACHE_FORMAT {
         return None;
@@ -71,21 +97,46 @@ mod tests {
         response
     }
 
+    fn id(key: &str) -> RecordId {
+        RecordId::new(&crate::Scope::new("t"), "POST /x", &crate::IdempotencyKey::new(key).expect("key"))
+    }
+
     #[test]
     fn cached_records_round_trip() {
+        let keying = Keying::derive(b"secret");
         let fingerprint = Fingerprint::from_parts(1, [9; 32]);
         for state in [RecordState::Completed, RecordState::Failed] {
-            let value = encode(state, &fingerprint, &response());
-            assert_eq!(decode(&value), Some(Record::with_response(state, fingerprint, response())));
+            let value = keying.seal(&id("a"), 1000, encode_payload(state, &fingerprint, &response()));
+            let record = Record::with_response(state, fingerprint, response());
+            assert_eq!(decode(&keying, &id("a"), &value, 999), Decoded::Record(record));
+            assert_eq!(decode(&keying, &id("a"), &value, 1000), Decoded::Unverified, "past its time");
         }
     }
 
     #[test]
-    fn format_1_is_laid_out_byte_for_byte() {
+    fn values_are_trusted_only_for_their_identity_and_deployment_and_unaltered() {
+        let keying = Keying::derive(b"secret");
+        let payload = encode_payload(RecordState::Completed, &Fingerprint::from_parts(1, [9; 32]), &response());
+        let value = keying.seal(&id("a"), u64::MAX, payload.clone());
+        assert_eq!(decode(&keying, &id("b"), &value, 0), Decoded::Unverified);
+        assert_eq!(decode(&Keying::derive(b"other"), &id("a"), &value, 0), Decoded::Unverified);
+        let mut altered = value.clone();
+        let last_body_byte = payload.len() - 1;
+        altered[last_body_byte] ^= 0x20;
+        assert_eq!(decode(&keying, &id("a"), &altered, 0), Decoded::Unverified);
+        let mut format_1 = payload;
+        format_1[0] = 1;
+        assert_eq!(decode(&keying, &id("a"), &format_1, 0), Decoded::Unverified, "format 1 has no MAC");
+        let unknown_format = keying.seal(&id("a"), u64::MAX, vec![9; 60]);
+        assert_eq!(decode(&keying, &id("a"), &unknown_format, 0), Decoded::Unreadable);
+    }
+
+    #[test]
+    fn format_2_is_laid_out_byte_for_byte() {
         let response = response();
-        let value = encode(RecordState::Failed, &Fingerprint::from_parts(1, [9; 32]), &response);
+        let value = encode_payload(RecordState::Failed, &Fingerprint::from_parts(1, [9; 32]), &response);
         let fields = response.encode_fields();
-        let mut expected = vec![1, 2, 1];
+        let mut expected = vec![2, 2, 1];
         expected.extend_from_slice(&[9; 32]);
         expected.extend_from_slice(&201u16.to_be_bytes());
         expected.extend_from_slice(&u32::try_from(fields.len()).unwrap().to_be_bytes());
@@ -96,12 +147,13 @@ mod tests {
 
     #[test]
     fn unreadable_values_are_misses() {
-        let value = encode(RecordState::Completed, &Fingerprint::from_parts(1, [9; 32]), &response());
+        let value = encode_payload(RecordState::Completed, &Fingerprint::from_parts(1, [9; 32]), &response());
+        let decode = decode_payload;
         for cut in 0..CACHE_HEADER_LEN {
             assert_eq!(decode(&value[..cut]), None, "a value cut to {cut} bytes must not decode");
         }
         let mut other_format = value.clone();
-        other_format[0] = 2;
+        other_format[0] = 1;
         assert_eq!(decode(&other_format), None, "an unknown format is a miss");
         let mut other_state = value.clone();
         other_state[1] = 7;

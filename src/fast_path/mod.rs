@@ -21,17 +21,42 @@
 //! path leave Redis alone for a short cool-down (1 s by default), so an outage costs neither
 //! wrong answers nor a timeout per request. A flushed, evicted or restarted Redis just misses.
 //!
-//! ## Keys
+//! ## What is in Redis, and what is verified
+//!
+//! Whoever can write to Redis must not be able to make the service lie. So:
+//!
+//! - **Each deployment has a secret**, the durable store's [`Store::deployment_secret`] (the
+//!   SQL stores draw it once, at migration, and keep it with the records; a
+//!   [`MemoryStore`](crate::MemoryStore) draws one per store value), read once on the first
+//!   request, or one the application gives ([`FastPath::secret`]). Both the keys' namespace and
+//!   the MAC key come from it: deployments sharing one Redis, even with one prefix, never see
+//!   each other's keys, and replicas of one deployment share theirs.
+//! - **A cached value is sealed** with an HMAC-SHA256 over the identity, the fingerprint, the
+//!   state and the whole stored response, under the deployment's MAC key, and verified before it
+//!   is replayed. A value that does not verify (altered, another identity's copied over,
+//!   another deployment's, or of the old unsealed format) or does not decode is a miss, counted
+//!   (`unverified`, `corrupt`), and the durable store answers; its outcome is cached afresh.
+//! - **A lock only delays, never answers.** A lock the fast path did not set (no expiry, or not
+//!   of its shape) is not waited on; a lock still held when the bounded wait runs out hands the
+//!   decision to the durable store, which answers in flight only if it knows of a live claim.
+//! - **Cancel-safe.** The lock is owned by a guard from before the acquire script is sent until
+//!   its release has answered; a request dropped at any await point (its client gone) releases
+//!   its lock by its token in the background.
+//! - **A store without a secret** (a store of your own that does not implement
+//!   [`Store::deployment_secret`]) and no [`FastPath::secret`]: the fast path stays out of Redis
+//!   and every request goes to the store (counted in `unkeyed`, with one warning). It never
+//!   falls back to a shared, guessable namespace.
 //!
 //! Keys hold the identity's digest, never the raw key or scope, with a hash tag so that one
 //! identity's keys live on one Redis Cluster slot:
 //!
 //! ```text
-//! <prefix>:{<record digest, hex>}:c    the cached response (a small versioned binary value)
-//! <prefix>:{<record digest, hex>}:l    the lock (token and fingerprint)
+//! <prefix>:<namespace>:{<record digest, hex>}:c    the cached response, sealed (format 2)
+//! <prefix>:<namespace>:{<record digest, hex>}:l    the lock (token and fingerprint)
 //! ```
 //!
-//! Give each durable store its own prefix (default `tidem`) when several share one Redis.
+//! The namespace is 16 hex digits derived from the deployment's secret; the prefix (default
+//! `tidem`) is only for telling the fast path's keys from others in a shared Redis.
 //!
 //! ## What it does not do
 //!
@@ -40,11 +65,13 @@
 //! - The lock lives at most [`lock_ttl`](FastPath::lock_ttl) (10 s by default) and never longer
 //!   than the claim's lease; it is not extended while a handler runs. A handler that runs longer
 //!   only lets its duplicates reach the durable store, which keeps them out as it would without
-//!   Redis. A process that dies holding a lock makes retries of that key wait (and get 409
-//!   `idempotency_request_in_flight`) until the lock's TTL runs out.
+//!   Redis. A process that dies holding a lock makes retries of that key wait out the bounded
+//!   in-flight wait, then the durable store decides.
 //! - A response cached before the route's retention was shortened is replayed until its own TTL.
-//! - Cached responses are kept in Redis as they are in the database, in clear: protect Redis as
-//!   you protect the database.
+//! - Cached responses are kept in Redis as they are in the database, in clear (sealed, not
+//!   encrypted): protect Redis as you protect the database. A value copied back under its own
+//!   key after it was replaced (a replay of an old answer for the same identity and request) is
+//!   not detected; it is that identity's own committed answer.
 //!
 //! ## Example
 //!
@@ -59,6 +86,7 @@
 //! store.migrate().await?;
 //!
 //! // One node (a lazy `ConnectionManager`: the service starts even while Redis is down) ...
+//! // The deployment's secret is the store's own (drawn by `migrate`): nothing to configure.
 //! let fast = FastPath::connect(store.clone(), "redis://127.0.0.1:6379/")?
 //!     .prefix("orders")?
 //!     .timeout(Duration::from_millis(100));
@@ -75,6 +103,7 @@ mod begin;
 mod claim;
 mod codec;
 mod connection;
+mod keying;
 mod scripts;
 mod stats;
 
@@ -84,7 +113,9 @@ use std::time::Duration;
 pub use claim::FastPathClaim;
 pub use connection::RedisConnection;
 use connection::RedisLink;
+use keying::Keying;
 pub use stats::FastPathStats;
+use tokio::sync::OnceCell;
 
 use crate::name::InvalidName;
 use crate::store::Store;
@@ -95,6 +126,9 @@ pub struct FastPath<S> {
     inner: S,
     link: Arc<RedisLink>,
     options: Arc<Options>,
+    /// The deployment's keying, from the application's secret or read once from the store;
+    /// `None` inside: the store has no secret and none was given, so Redis is left alone.
+    keying: Arc<OnceCell<Option<Arc<Keying>>>>,
 }
 
 /// A fast path's settings, shared by its clones and its claims.
@@ -125,7 +159,12 @@ impl Default for Options {
 
 impl<S: Clone> Clone for FastPath<S> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), link: self.link.clone(), options: self.options.clone() }
+        Self {
+            inner: self.inner.clone(),
+            link: self.link.clone(),
+            options: self.options.clone(),
+            keying: self.keying.clone(),
+        }
     }
 }
 
@@ -150,7 +189,12 @@ impl<S: Store> FastPath<S> {
     /// [`ConnectionManager`]: redis::aio::ConnectionManager
     /// [`ClusterConnection`]: redis::cluster_async::ClusterConnection
     pub fn new(inner: S, redis: impl Into<RedisConnection>) -> Self {
-        Self { inner, link: Arc::new(RedisLink::new(redis.into())), options: Arc::new(Options::default()) }
+        Self {
+            inner,
+            link: Arc::new(RedisLink::new(redis.into())),
+            options: Arc::new(Options::default()),
+            keying: Arc::new(OnceCell::new()),
+        }
     }
 
     /// A fast path over `inner` on the Redis node at `url` (`redis://host:port/db`), through a
@@ -174,8 +218,9 @@ impl<S: Store> FastPath<S> {
         Ok(Self::new(inner, RedisConnection::pending_cluster(nodes)?))
     }
 
-    /// The prefix of every key (default `tidem`): give each durable store its own when several
-    /// share one Redis. Visible ASCII, 1 to 64 bytes, without `{` or `}`.
+    /// The prefix of every key (default `tidem`). Deployments sharing one Redis need not set
+    /// one each: their keys are namespaced by their secret already (see
+    /// [`secret`](Self::secret)). Visible ASCII, 1 to 64 bytes, without `{` or `}`.
     pub fn prefix(mut self, prefix: &str) -> Result<Self, InvalidName> {
         if !scripts::valid_prefix(prefix) {
             return Err(InvalidName::new(
@@ -186,6 +231,22 @@ impl<S: Store> FastPath<S> {
         }
         Arc::make_mut(&mut self.options).prefix = Arc::from(prefix);
         Ok(self)
+    }
+
+    /// The deployment's secret, given by the application instead of read from the store: the
+    /// namespace of the fast path's Redis keys and the key of the MAC of its cached values are
+    /// derived from it. Use at least 32 random bytes, kept as a credential.
+    ///
+    /// By default the fast path reads the durable store's own
+    /// ([`Store::deployment_secret`]), once, on the first request: every deployment (store)
+    /// then has its own namespace without configuration, and replicas of one deployment share
+    /// it. Give one for a store that has none (without a secret the fast path stays out of
+    /// Redis and every request goes to the store), or to share a cache across stores on
+    /// purpose (only stores that hold the same records may share one).
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        let keying = Arc::new(Keying::derive(secret.as_ref()));
+        self.keying = Arc::new(OnceCell::new_with(Some(Some(keying))));
+        self
     }
 
     /// The longest a lock lives (default 10 s); a lock never outlives the claim's lease either.
@@ -225,5 +286,30 @@ impl<S: Store> FastPath<S> {
     /// What the fast path has done so far (shared by its clones).
     pub fn stats(&self) -> FastPathStats {
         self.link.counters.snapshot()
+    }
+
+    /// The deployment's keying: the application's secret, else the store's, read on first use
+    /// (a failed read is tried again on the next request). `None`: no secret, stay out of Redis.
+    async fn keying(&self) -> Option<Arc<Keying>> {
+        let read = self
+            .keying
+            .get_or_try_init(|| async {
+                let secret = self.inner.deployment_secret().await?;
+                if secret.is_none() {
+                    tracing::warn!(
+                        "idempotency: the store has no deployment secret and none was given \
+                         (FastPath::secret); the Redis fast path is off, every request goes to the store"
+                    );
+                }
+                Ok::<_, crate::store::StoreError>(secret.map(|secret| Arc::new(Keying::derive(&secret))))
+            })
+            .await;
+        match read {
+            Ok(keying) => keying.clone(),
+            Err(error) => {
+                tracing::warn!(%error, "idempotency: reading the store's deployment secret failed; this request skips Redis");
+                None
+            }
+        }
     }
 }

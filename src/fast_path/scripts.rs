@@ -41,8 +41,8 @@ return cached
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(SETTLE_LUA));
 
-/// The Redis keys of one identity: its digest in a hash tag, so that both live on one Redis
-/// Cluster slot, and never the raw key or scope.
+/// The Redis keys of one identity in one deployment's namespace: the identity's digest in a hash
+/// tag, so that both live on one Redis Cluster slot, and never the raw key or scope.
 #[derive(Debug, Clone)]
 pub(super) struct Keys {
     cache: String,
@@ -50,8 +50,8 @@ pub(super) struct Keys {
 }
 
 impl Keys {
-    pub(super) fn new(prefix: &str, id: &RecordId) -> Self {
-        let base = format!("{prefix}:{{{}}}:", id.to_hex());
+    pub(super) fn new(prefix: &str, namespace: &str, id: &RecordId) -> Self {
+        let base = format!("{prefix}:{namespace}:{{{}}}:", id.to_hex());
         Self { cache: format!("{base}c"), lock: format!("{base}l") }
     }
 }
@@ -67,8 +67,9 @@ pub(super) enum Probe {
     Cached(Vec<u8>),
     /// The lock is ours.
     Locked,
-    /// A duplicate holds the lock: its value, and how long it has left.
-    Held { holder: Vec<u8>, ttl: Duration },
+    /// A duplicate holds the lock: its value, and how long it has left (`None`: the lock has
+    /// no expiry, so the fast path did not set it).
+    Held { holder: Vec<u8>, ttl: Option<Duration> },
 }
 
 impl Probe {
@@ -85,9 +86,11 @@ impl Probe {
             Value::Int(3) => {
                 let holder = bytes(items.next()).unwrap_or_default();
                 let ttl = match items.next() {
-                    Some(Value::Int(ms)) if ms > 0 => Duration::from_millis(ms as u64),
-                    // No TTL (set by someone else) or gone meanwhile: look again soon.
-                    _ => Duration::from_millis(1),
+                    Some(Value::Int(ms)) if ms > 0 => Some(Duration::from_millis(ms as u64)),
+                    // No expiry: not a lock of ours.
+                    Some(Value::Int(-1)) => None,
+                    // Gone meanwhile: look again soon.
+                    _ => Some(Duration::from_millis(1)),
                 };
                 Some(Probe::Held { holder, ttl })
             }
@@ -149,9 +152,9 @@ mod tests {
     fn keys_carry_the_digest_in_a_hash_tag_and_nothing_else() {
         let key = crate::IdempotencyKey::new("secret-key").expect("key");
         let id = RecordId::new(&crate::Scope::new("tenant-secret"), "POST /x", &key);
-        let keys = Keys::new("p", &id);
-        assert_eq!(keys.cache, format!("p:{{{}}}:c", id.to_hex()));
-        assert_eq!(keys.lock, format!("p:{{{}}}:l", id.to_hex()));
+        let keys = Keys::new("p", "n", &id);
+        assert_eq!(keys.cache, format!("p:n:{{{}}}:c", id.to_hex()));
+        assert_eq!(keys.lock, format!("p:n:{{{}}}:l", id.to_hex()));
         assert!(!keys.cache.contains("secret") && !keys.lock.contains("secret"));
     }
 
@@ -174,11 +177,15 @@ mod tests {
         ));
         assert!(matches!(
             Probe::parse(Value::Array(vec![Value::Int(3), Value::BulkString(vec![7]), Value::Int(1500)])),
-            Some(Probe::Held { holder, ttl }) if holder == [7] && ttl == Duration::from_millis(1500)
+            Some(Probe::Held { holder, ttl }) if holder == [7] && ttl == Some(Duration::from_millis(1500))
         ));
         assert!(matches!(
-            Probe::parse(Value::Array(vec![Value::Int(3), Value::BulkString(vec![]), Value::Int(-1)])),
-            Some(Probe::Held { ttl, .. }) if ttl == Duration::from_millis(1)
+            Probe::parse(Value::Array(vec![Value::Int(3), Value::BulkString(vec![]), Value::Int(-2)])),
+            Some(Probe::Held { ttl, .. }) if ttl == Some(Duration::from_millis(1))
+        ));
+        assert!(matches!(
+            Probe::parse(Value::Array(vec![Value::Int(3), Value::BulkString(vec![7]), Value::Int(-1)])),
+            Some(Probe::Held { ttl: None, .. })
         ));
         assert!(Probe::parse(Value::Nil).is_none());
         assert!(Probe::parse(Value::Array(vec![Value::Int(1)])).is_none());

@@ -56,13 +56,23 @@ counters! {
     locks,
     /// Begins that found the lock held by a duplicate and waited.
     waits,
-    /// Waits that ran out: answered in flight without the durable store.
+    /// Waits that ran out with the lock still held: the durable store decided (in flight only
+    /// if it knows of a live claim).
     in_flight,
     /// Begins that went to the durable store without the lock because the lock's holder has
-    /// another fingerprint or the cached value was unreadable (the store decides).
+    /// another fingerprint, the lock was not one of the fast path's, or the cached value was
+    /// not trusted (the store decides).
     handed_over,
-    /// Cached values that could not be read (corrupt, or of an unknown format): misses.
+    /// Cached values whose MAC verified but that could not be read (a format this build does
+    /// not know): misses.
     corrupt,
+    /// Cached values that did not verify (altered, another identity's or another deployment's,
+    /// or written without a MAC): never replayed, misses.
+    unverified,
+    /// Locks found without an expiry or not of the fast path's shape: never waited on.
+    foreign_locks,
+    /// Begins that skipped Redis because the deployment has no secret (see `FastPath::secret`).
+    unkeyed,
     /// Responses cached after their commit.
     cached,
     /// Redis calls that failed or timed out; the request went down the durable path.

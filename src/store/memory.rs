@@ -34,6 +34,31 @@ pub struct MemoryStore {
 struct Shared {
     records: Mutex<Records>,
     next_token: AtomicU64,
+    /// This store value's deployment secret, drawn when it is made.
+    secret: Secret,
+}
+
+/// A random 32-byte secret ([`Store::deployment_secret`]).
+struct Secret([u8; 32]);
+
+impl Default for Secret {
+    /// SHA-256 over 512 bits of the standard library's randomly keyed SipHash (its keys come
+    /// from the operating system's random source), the time and a process-wide counter.
+    fn default() -> Self {
+        use sha2::{Digest, Sha256};
+        use std::hash::BuildHasher;
+        static DRAWN: AtomicU64 = AtomicU64::new(0);
+        let drawn = DRAWN.fetch_add(1, Ordering::Relaxed);
+        let mut hasher = Sha256::new();
+        hasher.update(b"tower-idempotency/memory-store/secret\0");
+        hasher.update(drawn.to_be_bytes());
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        hasher.update(nanos.to_be_bytes());
+        for round in 0..8u64 {
+            hasher.update(std::collections::hash_map::RandomState::new().hash_one((drawn, round)).to_be_bytes());
+        }
+        Secret(hasher.finalize().into())
+    }
 }
 
 type Records = HashMap<RecordId, Entry, DigestHashing>;
@@ -233,6 +258,12 @@ impl Store for MemoryStore {
             let _ = tokio::time::timeout_at(deadline.min(lease_until), waiter.changed()).await;
             now = Instant::now();
         }
+    }
+
+    /// Drawn when the store was made, shared by its clones: each store value is a deployment
+    /// of its own (its records live in it alone).
+    async fn deployment_secret(&self) -> Result<Option<[u8; 32]>, StoreError> {
+        Ok(Some(self.shared.secret.0))
     }
 
     async fn purge(&self, limit: usize) -> Result<usize, StoreError> {

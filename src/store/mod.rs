@@ -216,6 +216,19 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Turns records past their retention into tombstones and deletes tombstones past theirs,
     /// at most `limit` records per call. Returns how many records it changed or deleted.
     fn purge(&self, limit: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// A random secret that identifies this store's records (its deployment), generated once
+    /// and kept as long as the records: the SQL stores draw it when they create their table,
+    /// a [`MemoryStore`](crate::MemoryStore) when it is made. Replicas over the same records
+    /// read the same secret; stores with different records have different ones.
+    ///
+    /// The Redis fast path derives its key namespace and the MAC key of its cached values from
+    /// it, so that deployments sharing one Redis never read or trust each other's entries.
+    /// The default is `None`: a fast path in front of such a store stays out of Redis unless
+    /// the application gives a secret itself (`FastPath::secret`).
+    fn deployment_secret(&self) -> impl Future<Output = Result<Option<[u8; 32]>, StoreError>> + Send {
+        std::future::ready(Ok(None))
+    }
 }
 
 /// A claim on an identity, held while the handler runs.

@@ -197,6 +197,27 @@ pub fn cluster_fast_path<S: Store>(store: S) -> FastPath<S> {
         .timeout(TEST_TIMEOUT)
 }
 
+/// The Redis key of `id`'s cached response (`kind` `'c'`) or lock (`'l'`) under `prefix`, in
+/// whatever namespace the deployment's secret gave it: the tests do not know the secret, and
+/// their prefixes are their own. `None` when there is no such key.
+pub fn find_key(server: &RedisServer, prefix: &str, id: &tower_idempotency::RecordId, kind: char) -> Option<String> {
+    let pattern = format!("{prefix}:*:{{{}}}:{kind}", id.to_hex());
+    let found = server.cli(&["--scan", "--pattern", &pattern]);
+    let mut keys = found.lines().map(str::trim).filter(|key| !key.is_empty());
+    let key = keys.next().map(str::to_owned);
+    assert!(keys.next().is_none(), "one deployment, one key: {found}");
+    key
+}
+
+/// The namespace segment of the fast path's keys under `prefix`: what follows `prefix:`, up to
+/// the identity's hash tag. `None` when there is no key under `prefix`.
+pub fn namespace_of(server: &RedisServer, prefix: &str) -> Option<String> {
+    let found = server.cli(&["--scan", "--pattern", &format!("{prefix}:*")]);
+    let key = found.lines().map(str::trim).find(|key| !key.is_empty())?;
+    let rest = key.strip_prefix(&format!("{prefix}:"))?;
+    Some(rest.split(":{").next()?.to_owned())
+}
+
 /// Runs `redis-cli -p <port> <args>` and returns its stdout (and stderr, for messages).
 pub fn redis_cli(port: u16, args: &[&str]) -> String {
     let output = Command::new("redis-cli")
@@ -264,4 +285,89 @@ fn ping(port: u16) -> bool {
     }
     let mut reply = [0u8; 7];
     stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+}
+
+/// A TCP proxy in front of a Redis server that can hold back the server's replies: requests
+/// reach the server at once (so a script runs), but the client sees no answer until
+/// [`release`](Self::release). What a client sees when it gives up on a slow Redis, on demand.
+pub struct GatedProxy {
+    /// The proxy's port.
+    pub port: u16,
+    open: tokio::sync::watch::Sender<bool>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl GatedProxy {
+    /// A proxy to the server on `upstream`, open (replies pass). Call it on a Tokio runtime.
+    pub async fn start(upstream: u16) -> GatedProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let (open, _) = tokio::sync::watch::channel(true);
+        let gate = open.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { continue };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                });
+                let mut gate = gate.subscribe();
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 16 * 1024];
+                    loop {
+                        let Ok(n) = server_read.read(&mut buffer).await else { return };
+                        if n == 0 {
+                            return;
+                        }
+                        if gate.wait_for(|open| *open).await.is_err() {
+                            return;
+                        }
+                        if client_write.write_all(&buffer[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        GatedProxy { port, open, accept }
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Holds back every reply from now on.
+    pub fn hold(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Lets the replies through again (those held first).
+    pub fn release(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+impl Drop for GatedProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Waits, polling, until `done` holds; panics after `bound` (a liveness bound, not a timing
+/// claim: what it waits for happens in milliseconds when all is well).
+pub async fn eventually(bound: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: still not so after {bound:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A raw connection to the server at `url`, to read and write the fast path's keys as an
+/// attacker with access to Redis would.
+pub async fn raw_connection(url: &str) -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(url).expect("redis URL").get_multiplexed_async_connection().await.expect("connect to Redis")
 }

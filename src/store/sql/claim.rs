@@ -116,6 +116,12 @@ macro_rules! sql_store_surface {
             async fn purge(&self, limit: usize) -> Result<usize, $crate::store::StoreError> {
                 self.records.purge(limit).await
             }
+
+            /// Drawn once, by [`migrate`](Self::migrate), and kept in the database with the
+            /// records: every replica of the store reads the same one.
+            async fn deployment_secret(&self) -> Result<Option<[u8; 32]>, $crate::store::StoreError> {
+                self.read_deployment_secret().await
+            }
         }
 
         impl $crate::store::Claim for $claim {

@@ -4,6 +4,7 @@
 //! their atomic claims.
 
 mod claim;
+mod deployment;
 mod dialect;
 mod leased;
 #[cfg(feature = "postgres")]
@@ -127,17 +128,29 @@ impl From<HandleStillHeld> for FinishError {
     }
 }
 
-/// The migrator of a records table: the crate's migration for `table`, its history kept in
-/// `history` (apart from the application's own sqlx migrations).
-pub(crate) fn migrator(migration: String, history: String) -> Migrator {
-    let migration = Migration::new(
-        1,
-        "create idempotency records".into(),
-        MigrationType::Simple,
-        AssertSqlSafe(migration).into_sql_str(),
-        false,
-    );
-    let mut migrator = Migrator::with_migrations(vec![migration]);
+/// The crate's migrations of a records table, in order (their versions start at 1), with their
+/// descriptions. Never edit one that has shipped: its checksum is in users' databases.
+const MIGRATIONS: [&str; 2] = ["create idempotency records", "deployment secret"];
+
+/// The migrator of a records table: the crate's migrations (`migrations`, in order, with the
+/// store's names already in), their history kept in `history` (apart from the application's own
+/// sqlx migrations).
+pub(crate) fn migrator(migrations: [String; 2], history: String) -> Migrator {
+    let migrations = MIGRATIONS
+        .iter()
+        .zip(migrations)
+        .zip(1..)
+        .map(|((description, sql), version)| {
+            Migration::new(
+                version,
+                (*description).into(),
+                MigrationType::Simple,
+                AssertSqlSafe(sql).into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(history);
     migrator
 }

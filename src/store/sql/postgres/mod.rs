@@ -72,6 +72,7 @@ use crate::name::InvalidName;
 use crate::store::{Begin, BeginRequest, CouplingMode, StoreError};
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/postgres/0001_create_records.sql");
+const MIGRATION_0002: &str = include_str!("../../../../migrations/postgres/0002_deployment_secret.sql");
 
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
@@ -145,15 +146,20 @@ impl PostgresStore {
         Ok(Self::build(self.records.pool, self.records.mode, &self.schema, table))
     }
 
-    /// Creates or upgrades the schema, table, sequence and indexes. Safe to run concurrently and
+    /// Creates or upgrades the schema, table, sequence and indexes, and the deployment secret. Safe to run concurrently and
     /// repeatedly; its history is kept in `<schema>._<table>_migrations`, apart from the
     /// application's own sqlx migrations.
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         let (schema, table) = (&self.schema, &self.table);
-        let sql = MIGRATION_0001.replace("{schema}", schema).replace("{table}", table);
+        let sql = [MIGRATION_0001, MIGRATION_0002].map(|sql| sql.replace("{schema}", schema).replace("{table}", table));
         let mut migrator = migrator(sql, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
         migrator.run(&self.records.pool).await
+    }
+
+    /// The secret the second migration drew ([`Store::deployment_secret`](crate::store::Store::deployment_secret)).
+    async fn read_deployment_secret(&self) -> Result<Option<[u8; 32]>, StoreError> {
+        super::deployment::postgres(&self.records.pool, &self.schema, &self.table).await
     }
 
     fn build(pool: PgPool, mode: CouplingMode, schema: &str, table: &str) -> Self {

@@ -110,6 +110,7 @@ use crate::store::{Begin, BeginRequest, CouplingMode, FinishError, Outcome, Rete
 mod gates;
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/sqlite/0001_create_records.sql");
+const MIGRATION_0002: &str = include_str!("../../../../migrations/sqlite/0002_deployment_secret.sql");
 
 /// The savepoint taken right after the claim, so a stored failure can roll the handler's
 /// writes back and keep the claim.
@@ -183,12 +184,14 @@ impl SqliteStore {
         Ok(Self::build(self.records.pool, self.records.mode, table))
     }
 
-    /// Creates or upgrades the table, the fencing counter and the indexes. Safe to run
+    /// Creates or upgrades the table, the fencing counter and the indexes, and the deployment
+    /// secret. Safe to run
     /// concurrently and repeatedly; its history is kept in `_<table>_migrations`, apart from the
     /// application's own sqlx migrations.
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         let table = &self.table;
-        let migrator = migrator(MIGRATION_0001.replace("{table}", table), format!("\"_{table}_migrations\""));
+        let sql = [MIGRATION_0001, MIGRATION_0002].map(|sql| sql.replace("{table}", table));
+        let migrator = migrator(sql, format!("\"_{table}_migrations\""));
         // sqlx takes no lock for SQLite migrations. Running the whole migrator inside one
         // write transaction makes concurrent migrate() calls (processes starting together)
         // queue on the write lock: the second one finds the first one's history. The
@@ -209,6 +212,11 @@ impl SqliteStore {
             next_token: AssertSqlSafe(next_token).into_sql_str(),
             gates: Arc::default(),
         }
+    }
+
+    /// The secret the second migration drew ([`Store::deployment_secret`](crate::store::Store::deployment_secret)).
+    async fn read_deployment_secret(&self) -> Result<Option<[u8; 32]>, StoreError> {
+        super::deployment::sqlite(&self.records.pool, &self.table).await
     }
 
     async fn begin_atomic(&self, request: &BeginRequest<'_>) -> Result<Begin<SqliteClaim>, StoreError> {
