@@ -44,7 +44,8 @@ mod sqlite_specifics {
 
     /// A store whose writers give up on the write lock after `busy`.
     async fn store_with_busy_timeout(busy: Duration) -> SqliteStore {
-        let path = std::env::temp_dir().join(unique_name("tidem") + ".db");
+        let (path, cleanup) = crate::support::sqlite_path("tidem");
+        cleanup.until_test_ends();
         let options = SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)

@@ -138,11 +138,14 @@ fn parse_reply(raw: &[u8]) -> Result<Reply, String> {
     }
 }
 
-/// A fresh PostgreSQL database on the test server; returns its URL.
+/// A fresh PostgreSQL database on the test server, dropped when the test ends (passed or
+/// panicked; sessions still connected to it, such as a server the test started, are ended);
+/// returns its URL.
 #[cfg(feature = "postgres")]
 pub async fn fresh_database(prefix: &str) -> String {
     let name = super::unique_name(prefix);
     let admin = sqlx::PgPool::connect(&super::database_url()).await.expect("PostgreSQL must be running");
+    super::Cleanup::pg_database(&name).until_test_ends();
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.expect("create db");
     admin.close().await;
     let base = super::database_url();

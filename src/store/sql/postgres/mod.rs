@@ -67,7 +67,7 @@ use super::claim::{Held, sql_store_surface};
 use super::dialect::{Arg, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
-use super::{Records, check_identifier, migrator, millis, unavailable};
+use super::{Records, acquire_by, check_identifier, migrator, millis, unavailable};
 use crate::name::InvalidName;
 use crate::store::{Begin, BeginRequest, CouplingMode, StoreError};
 
@@ -175,7 +175,7 @@ impl PostgresStore {
         }
         loop {
             let claim = self.records.statements.claim(request, Some(request.lease), None);
-            let claimed = match self.records.pool.acquire().await {
+            let claimed = match acquire_by(&self.records.pool, deadline).await {
                 Ok(mut conn) => Pg::fetch_token(&mut conn, claim).await,
                 Err(error) => Err(error),
             };

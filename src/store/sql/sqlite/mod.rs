@@ -101,7 +101,7 @@ use super::dialect::{Bound, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::tx::TxHandle;
-use super::{Records, check_identifier, migrator, millis, unavailable};
+use super::{Records, begin_by, check_identifier, migrator, millis, unavailable};
 use crate::key::RecordId;
 use crate::name::InvalidName;
 use crate::record::RecordState;
@@ -224,7 +224,7 @@ impl SqliteStore {
             if let Some(answer) = self.records.resolve_existing(request, deadline, None).await? {
                 return Ok(answer);
             }
-            let mut tx = self.records.pool.begin_with("BEGIN IMMEDIATE").await.map_err(unavailable)?;
+            let mut tx = begin_by(&self.records.pool, "BEGIN IMMEDIATE".into_sql_str(), deadline).await.map_err(unavailable)?;
             match self.claim_in(&mut tx, request, None).await {
                 Ok(Some(token)) => {
                     sqlx::raw_sql(CLAIM_SAVEPOINT).execute(&mut *tx).await.map_err(unavailable)?;
@@ -256,7 +256,7 @@ impl SqliteStore {
                 return Ok(answer);
             }
             // The counter bump and the claim are one short write transaction.
-            let mut tx = self.records.pool.begin_with("BEGIN IMMEDIATE").await.map_err(unavailable)?;
+            let mut tx = begin_by(&self.records.pool, "BEGIN IMMEDIATE".into_sql_str(), deadline).await.map_err(unavailable)?;
             match self.claim_in(&mut tx, request, Some(request.lease)).await {
                 Ok(Some(token)) => {
                     tx.commit().await.map_err(unavailable)?;
