@@ -110,6 +110,18 @@ pub async fn post_order(addr: SocketAddr, account: &str, key: &str, body: &str) 
          content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
+    exchange(addr, request).await
+}
+
+/// Sends one `GET path` as `account`. Transport failures are an `Err`, as in [`post_order`].
+pub async fn get(addr: SocketAddr, account: &str, path: &str) -> Result<Reply, String> {
+    let request =
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {account}\r\nconnection: close\r\n\r\n");
+    exchange(addr, request).await
+}
+
+/// Sends `request` on a connection of its own and reads the whole reply, within 20 s.
+async fn exchange(addr: SocketAddr, request: String) -> Result<Reply, String> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
         stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
