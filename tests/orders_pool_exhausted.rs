@@ -48,8 +48,9 @@ async fn an_exhausted_pool_answers_503_to_reads_replays_duplicates_and_new_keys(
     // Every order creation now blocks inside its transaction, holding its connection.
     let mut locker = sqlx::PgConnection::connect(&database_url).await.expect("connect");
     sqlx::raw_sql("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").execute(&mut locker).await.expect("lock");
-    let blocked: Vec<_> =
-        (1..=POOL).map(|n| tokio::spawn(async move { post_order(addr, ACCOUNT, &format!("held-{n}"), &order(n)).await })).collect();
+    let blocked: Vec<_> = (1..=POOL)
+        .map(|n| tokio::spawn(async move { post_order(addr, ACCOUNT, &format!("held-{n}"), &order(n)).await }))
+        .collect();
     let mut watcher = sqlx::PgConnection::connect(&support::database_url()).await.expect("connect");
     let database = database_url.rsplit('/').next().unwrap().to_owned();
     let waiting = async {

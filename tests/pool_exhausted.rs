@@ -10,7 +10,7 @@
 //! everything is answered as before.
 //!
 //! No timing thresholds: the only bound is the liveness bound of 30 s on each answer.
-#![cfg(feature = "axum")]
+#![cfg(all(feature = "axum", any(feature = "postgres", feature = "sqlite")))]
 
 mod support;
 
@@ -116,6 +116,7 @@ enum Duplicate {
     /// 503: without a connection the store cannot even tell it is in flight.
     StoreUnavailable,
     /// 409 in flight: SQLite's in-process gate tells without a connection.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     InFlight,
 }
 
@@ -193,7 +194,9 @@ mod postgres {
         let pool = store.pool().clone();
         Arc::new(move || {
             let pool = pool.clone();
-            Box::pin(async move { Box::new(pool.acquire().await.expect("a connection for the handler")) as Box<dyn Send> })
+            Box::pin(
+                async move { Box::new(pool.acquire().await.expect("a connection for the handler")) as Box<dyn Send> },
+            )
         })
     }
 
@@ -222,7 +225,9 @@ mod sqlite {
         let pool = store.pool().clone();
         Arc::new(move || {
             let pool = pool.clone();
-            Box::pin(async move { Box::new(pool.acquire().await.expect("a connection for the handler")) as Box<dyn Send> })
+            Box::pin(
+                async move { Box::new(pool.acquire().await.expect("a connection for the handler")) as Box<dyn Send> },
+            )
         })
     }
 

@@ -19,7 +19,7 @@ mod sqlite_specifics {
         Begin, BeginRequest, Claim, CouplingMode, Outcome, RecordState, Retention, SqliteStore, Store, StoredResponse,
     };
 
-    use crate::support::{sqlite_store, unique_name};
+    use crate::support::sqlite_store;
 
     fn run(case: impl std::future::Future<Output = ()>) {
         tower_idempotency::testkit::run(case);

@@ -115,8 +115,7 @@ fn database_url() -> String {
 fn admin(statements: Vec<String>) -> Result<(), String> {
     let run = move || -> Result<(), String> {
         use sqlx::Connection;
-        let runtime =
-            tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         runtime.block_on(async {
             let mut conn = sqlx::PgConnection::connect(&database_url()).await.map_err(|e| e.to_string())?;
             for statement in statements {

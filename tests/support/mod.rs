@@ -114,8 +114,7 @@ pub async fn pg_pool_with(schema: &str, connections: u32, acquire_timeout: Durat
     use sqlx::ConnectOptions;
     pg_schema(schema).await.until_test_ends();
     let options: sqlx::postgres::PgConnectOptions = database_url().parse().expect("DATABASE_URL");
-    let options =
-        options.options([("search_path", schema)]).application_name(schema).log_statements(tracing_level());
+    let options = options.options([("search_path", schema)]).application_name(schema).log_statements(tracing_level());
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(connections)
         .acquire_timeout(acquire_timeout)

@@ -21,7 +21,10 @@ pub(crate) const ACQUIRE_GRACE: Duration = Duration::from_secs(1);
 /// A connection from `pool`, waited for until `deadline` (or [`ACQUIRE_GRACE`] from now, if that
 /// is later), and never past the pool's own acquire timeout. Running out is
 /// [`sqlx::Error::PoolTimedOut`], as the pool's own timeout would be.
-pub(crate) async fn acquire_by<DB: Database>(pool: &Pool<DB>, deadline: Instant) -> Result<PoolConnection<DB>, sqlx::Error> {
+pub(crate) async fn acquire_by<DB: Database>(
+    pool: &Pool<DB>,
+    deadline: Instant,
+) -> Result<PoolConnection<DB>, sqlx::Error> {
     let deadline = deadline.max(Instant::now() + ACQUIRE_GRACE);
     match tokio::time::timeout_at(deadline, pool.acquire()).await {
         Ok(acquired) => acquired,

@@ -3,6 +3,7 @@
 //! What differs between PostgreSQL and SQLite is their [`Dialect`](dialect::Dialect) and
 //! their atomic claims.
 
+mod acquire;
 mod claim;
 mod dialect;
 mod leased;
@@ -14,7 +15,6 @@ pub mod postgres;
 pub mod sqlite;
 mod statements;
 pub mod tx;
-mod acquire;
 
 use crate::name::InvalidName;
 use std::sync::Arc;

@@ -38,6 +38,13 @@
 //! handler after the first request committed; step 4 then rolls it back and answers 503
 //! `idempotency_commit_uncertain`, and its retry replays. Either way one execution commits.
 //!
+//! **An exhausted pool** (every connection held, say by requests whose handlers are still
+//! running) does not stretch the bounded wait: every connection the store takes on a request's
+//! behalf is taken by the request's deadline, the in-flight wait (at least 1 s), not the pool's
+//! own acquire timeout; after it, the request is answered 503 `idempotency_store_unavailable`
+//! ([`StoreError::Unavailable`](crate::store::StoreError::Unavailable)) and nothing ran. A leased
+//! claim's outcome and release wait for a connection until the claim's lease runs out.
+//!
 //! A stored failure (a business rejection the handler marks to be stored) rolls the
 //! transaction back and stores the answer under a fresh claim: a per-request savepoint would
 //! cost every request a subtransaction for the sake of this rarer path.
