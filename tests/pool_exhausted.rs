@@ -7,7 +7,8 @@
 //! `idempotency_store_unavailable` with `Retry-After` when no connection comes in time (SQLite's
 //! in-process duplicate is told 409 in flight, as it is without a full pool), not a wait for the
 //! pool's own acquire timeout (an hour here). Nothing runs twice, and once the handlers finish,
-//! everything is answered as before.
+//! everything is answered as before. After the handler, a leased claim's outcome waits for a
+//! connection until the claim's lease runs out, no longer.
 //!
 //! No timing thresholds: the only bound is the liveness bound of 30 s on each answer.
 #![cfg(all(feature = "axum", any(feature = "postgres", feature = "sqlite")))]
@@ -177,6 +178,49 @@ async fn exhaust_the_pool<S: Store>(store: S, blocked: usize, hold: Option<Hold>
     assert_eq!(handlers.executions.load(Ordering::SeqCst), blocked + 2, "each request ran once");
 }
 
+/// Keeps what a handler took from the pool past its answer (a handler that leaks a connection).
+type Kept = Arc<std::sync::Mutex<Vec<Box<dyn Send>>>>;
+
+/// A leased claim's outcome waits for a connection until its lease runs out, not for the
+/// pool's acquire timeout: with the pool's only connection kept by the handler past its
+/// answer, the outcome cannot be stored, and the client is told 503
+/// `idempotency_commit_uncertain` (a retry is safe). Its retry, once the lease is over, finds
+/// the outcome unknown (the default stale-lease policy): the handler never runs twice.
+async fn finish_waits_for_the_lease_at_most<S: Store>(store: S, hold: Hold) {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let kept: Kept = Arc::default();
+    let handler = {
+        let (executions, kept) = (executions.clone(), kept.clone());
+        move || {
+            let (executions, kept, hold) = (executions.clone(), kept.clone(), hold.clone());
+            async move {
+                executions.fetch_add(1, Ordering::SeqCst);
+                let connection = hold().await;
+                kept.lock().unwrap().push(connection);
+                (StatusCode::CREATED, "created")
+            }
+        }
+    };
+    let layer = IdempotencyLayer::new(store).shared_scope("pool").lease(Duration::from_secs(2));
+    let app = Router::new().route("/orders", post(handler).layer(layer));
+
+    let first = send(&app, "kept", "order").await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert_eq!(first.code.as_deref(), Some("idempotency_commit_uncertain"), "{first:?}");
+    assert!(first.retry_after, "{first:?}");
+
+    kept.lock().unwrap().clear();
+    let mut retry = send(&app, "kept", "order").await;
+    // Within what is left of the lease the retry is told the request is in flight.
+    while retry.code.as_deref() == Some("idempotency_request_in_flight") {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        retry = send(&app, "kept", "order").await;
+    }
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert_eq!(retry.code.as_deref(), Some("idempotency_outcome_unknown"), "{retry:?}");
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
@@ -214,6 +258,13 @@ mod postgres {
         let hold = hold(&store);
         exhaust_the_pool(store, 2, Some(hold), Duplicate::StoreUnavailable).await;
     }
+
+    #[tokio::test]
+    async fn a_leased_outcome_waits_for_a_connection_until_the_lease_runs_out() {
+        let store = store(CouplingMode::Leased, 1).await;
+        let hold = hold(&store);
+        finish_waits_for_the_lease_at_most(store, hold).await;
+    }
 }
 
 #[cfg(feature = "sqlite")]
@@ -244,5 +295,12 @@ mod sqlite {
         let store = support::sqlite_store_with(CouplingMode::Leased, 2, POOL_ACQUIRE_TIMEOUT).await;
         let hold = hold(&store);
         exhaust_the_pool(store, 2, Some(hold), Duplicate::StoreUnavailable).await;
+    }
+
+    #[tokio::test]
+    async fn a_leased_outcome_waits_for_a_connection_until_the_lease_runs_out() {
+        let store = support::sqlite_store_with(CouplingMode::Leased, 1, POOL_ACQUIRE_TIMEOUT).await;
+        let hold = hold(&store);
+        finish_waits_for_the_lease_at_most(store, hold).await;
     }
 }
