@@ -198,7 +198,12 @@ async fn open(database_url: Option<&str>) -> Result<OrderBook, BoxError> {
 
 #[cfg(feature = "postgres")]
 async fn open_postgres(url: &str) -> Result<OrderBook, BoxError> {
-    Ok(OrderBook::Postgres(PgPoolOptions::new().max_connections(16).connect(url).await?))
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(book::storage::POOL_ACQUIRE_TIMEOUT)
+        .connect(url)
+        .await?;
+    Ok(OrderBook::Postgres(pool))
 }
 
 #[cfg(not(feature = "postgres"))]

@@ -165,13 +165,11 @@ async fn grpc_example_on_postgres_creates_each_order_once_and_shares_the_store_w
 
 #[tokio::test]
 async fn grpc_example_on_sqlite_creates_each_order_once() {
-    let path = std::env::temp_dir().join(support::unique_name("tidem_grpc_example") + ".db");
+    // Declared before the server, so dropped after it.
+    let (path, _file) = support::sqlite_path("tidem_grpc_example");
     let server = GrpcOrders::start(&format!("sqlite:{}", path.display()));
     create_order_contract(&server).await;
     drop(server);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
 }
 
 /// A plain HTTP/1.1 GET with the account's bearer token; the whole reply as text.

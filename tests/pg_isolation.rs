@@ -38,9 +38,10 @@ async fn storm_at(level: &str) {
     let schema = support::unique_name("tidem_iso");
     let options: sqlx::postgres::PgConnectOptions = support::database_url().parse().unwrap();
     let options = options.options([("search_path", schema.as_str()), ("default_transaction_isolation", level)]);
+    let _schema = support::pg_schema(&schema).await;
     let admin = sqlx::PgPool::connect_with(options.clone()).await.unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE SCHEMA \"{schema}\"; CREATE TABLE \"{schema}\".iso_orders (order_id text PRIMARY KEY, operation_id text NOT NULL)"
+        "CREATE TABLE \"{schema}\".iso_orders (order_id text PRIMARY KEY, operation_id text NOT NULL)"
     )))
     .execute(&admin)
     .await

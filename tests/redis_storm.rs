@@ -34,9 +34,7 @@ const POOL: u32 = 64;
 async fn store(application_name: &str) -> PostgresStore {
     let schema = support::unique_name("tidem_rstorm");
     let options: sqlx::postgres::PgConnectOptions = support::database_url().parse().expect("DATABASE_URL");
-    let admin = PgPool::connect_with(options.clone()).await.expect("PostgreSQL must be running for these tests");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\""))).execute(&admin).await.unwrap();
-    admin.close().await;
+    support::pg_schema(&schema).await.until_test_ends();
     let options = options.options([("search_path", schema.as_str())]).application_name(application_name);
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(POOL)

@@ -19,7 +19,7 @@ mod sqlite_specifics {
         Begin, BeginRequest, Claim, CouplingMode, Outcome, RecordState, Retention, SqliteStore, Store, StoredResponse,
     };
 
-    use crate::support::{sqlite_store, unique_name};
+    use crate::support::sqlite_store;
 
     fn run(case: impl std::future::Future<Output = ()>) {
         tower_idempotency::testkit::run(case);
@@ -44,7 +44,8 @@ mod sqlite_specifics {
 
     /// A store whose writers give up on the write lock after `busy`.
     async fn store_with_busy_timeout(busy: Duration) -> SqliteStore {
-        let path = std::env::temp_dir().join(unique_name("tidem") + ".db");
+        let (path, cleanup) = crate::support::sqlite_path("tidem");
+        cleanup.until_test_ends();
         let options = SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)

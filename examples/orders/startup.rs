@@ -55,7 +55,11 @@ async fn open_sqlite(
 /// PostgreSQL: the existing database `url` names.
 #[cfg(feature = "postgres")]
 async fn open_postgres(url: &str, cursors: CursorCodec, clock: Clock) -> Result<(Router, OrderBook), BoxError> {
-    let pool = PgPoolOptions::new().max_connections(16).connect(url).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(super::book::storage::POOL_ACQUIRE_TIMEOUT)
+        .connect(url)
+        .await?;
     // Atomic is the store's default mode: the claim, the order and the answer are one
     // transaction.
     let store = PostgresStore::new(pool.clone());

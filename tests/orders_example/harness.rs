@@ -1,7 +1,6 @@
 //! The harness: a fresh database per case, the example's router over it, and what a case
 //! sends and reads back.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
@@ -18,6 +17,7 @@ use tower::ServiceExt;
 use tower_idempotency::PostgresStore;
 use tower_idempotency::SqliteStore;
 
+use crate::cleanup::Cleanup;
 use crate::orders::api::{AppState, Clock};
 use crate::orders::book::created_at::CreatedAt;
 use crate::orders::book::storage::OrderBook;
@@ -36,10 +36,12 @@ pub(crate) enum Backend {
 pub(crate) struct TestDb {
     orders: OrderBook,
     place: Place,
+    /// Removes the file or schema when the case ends, passed or panicked.
+    _cleanup: Cleanup,
 }
 
 enum Place {
-    SqliteFile(PathBuf),
+    SqliteFile,
     #[cfg(feature = "postgres")]
     PostgresSchema(String),
 }
@@ -62,14 +64,16 @@ impl TestDb {
         let db = match backend {
             Backend::Sqlite => {
                 let path = std::env::temp_dir().join(format!("{}.db", unique_name()));
+                let cleanup = Cleanup::sqlite_file(&path);
                 let options = SqliteConnectOptions::new().filename(&path);
                 let pool = crate::orders::book::storage::connect_sqlite(options).await.expect("open the SQLite file");
                 SqliteStore::new(pool.clone()).migrate().await.expect("migrate the idempotency table");
-                Self { orders: OrderBook::Sqlite(pool), place: Place::SqliteFile(path) }
+                Self { orders: OrderBook::Sqlite(pool), place: Place::SqliteFile, _cleanup: cleanup }
             }
             #[cfg(feature = "postgres")]
             Backend::Postgres => {
                 let schema = unique_name();
+                let cleanup = Cleanup::pg_schema(&schema);
                 let options: PgConnectOptions = database_url().parse().expect("DATABASE_URL");
                 // Unqualified names (the example's `orders`) land in the test's own schema.
                 let options = options.options([("search_path", schema.as_str())]);
@@ -81,7 +85,7 @@ impl TestDb {
                 let create = sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\""));
                 sqlx::raw_sql(create).execute(&pool).await.expect("create the test schema");
                 pg_store(&pool, &schema).migrate().await.expect("migrate the idempotency table");
-                Self { orders: OrderBook::Postgres(pool), place: Place::PostgresSchema(schema) }
+                Self { orders: OrderBook::Postgres(pool), place: Place::PostgresSchema(schema), _cleanup: cleanup }
             }
         };
         db.orders.create_table().await.expect("create the orders table");
@@ -97,7 +101,7 @@ impl TestDb {
                 crate::orders::api::app(state, pg_store(pool, schema))
             }
             #[cfg(feature = "postgres")]
-            (OrderBook::Postgres(_), Place::SqliteFile(_)) => unreachable!("a PostgreSQL pool has a schema"),
+            (OrderBook::Postgres(_), Place::SqliteFile) => unreachable!("a PostgreSQL pool has a schema"),
         }
     }
 
@@ -136,21 +140,12 @@ impl TestDb {
         }
     }
 
-    /// Closes the pool and deletes the file or schema.
+    /// Closes the pool; the guard then deletes the file or schema.
     pub(crate) async fn remove(self) {
-        match (&self.orders, &self.place) {
-            (OrderBook::Sqlite(pool), Place::SqliteFile(path)) => {
-                pool.close().await;
-                remove_sqlite_files(path);
-            }
+        match &self.orders {
+            OrderBook::Sqlite(pool) => pool.close().await,
             #[cfg(feature = "postgres")]
-            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => {
-                let drop = sqlx::AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE"));
-                sqlx::raw_sql(drop).execute(pool).await.expect("drop the test schema");
-                pool.close().await;
-            }
-            #[cfg(feature = "postgres")]
-            _ => unreachable!("a pool and its place match"),
+            OrderBook::Postgres(pool) => pool.close().await,
         }
     }
 }
@@ -158,14 +153,6 @@ impl TestDb {
 #[cfg(feature = "postgres")]
 fn pg_store(pool: &PgPool, schema: &str) -> PostgresStore {
     PostgresStore::new(pool.clone()).schema(schema).expect("a valid schema name")
-}
-
-fn remove_sqlite_files(path: &std::path::Path) {
-    for suffix in ["", "-wal", "-shm", "-journal"] {
-        let mut file = path.as_os_str().to_owned();
-        file.push(suffix);
-        let _ = std::fs::remove_file(file);
-    }
 }
 
 /// The example's router over a fresh order book and idempotency store.

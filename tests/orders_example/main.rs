@@ -18,6 +18,8 @@ mod orders {
     mod problem;
 }
 
+#[path = "../support/cleanup.rs"]
+mod cleanup;
 mod harness;
 
 mod accounts_and_creation;
@@ -41,8 +43,7 @@ const BOB: &str = "acct_bob";
 // ---------------------------------------------------------------------------------------------
 
 /// Stamps out, for each case, one test on SQLite and (with the `postgres` feature) one on
-/// PostgreSQL. Each gets a database of its own, removed when the case passes (kept for a look
-/// when it fails).
+/// PostgreSQL. Each gets a database of its own, removed when the case ends, passed or failed.
 macro_rules! on_every_backend {
     ($($case:ident),+ $(,)?) => {
         mod sqlite {

@@ -1,9 +1,14 @@
 //! Shared set-up for tests against the real databases on this machine.
 //!
 //! Every call makes its own PostgreSQL schema (or SQLite file), so tests run in parallel and
-//! never see each other's rows. `DATABASE_URL` overrides the PostgreSQL server
+//! never see each other's rows, and removes it when the test ends, passed or panicked (see
+//! [`cleanup`]). `DATABASE_URL` overrides the PostgreSQL server
 //! (default `postgres://postgres@127.0.0.1:5432/test`).
 #![allow(dead_code)]
+
+pub mod cleanup;
+
+pub use cleanup::Cleanup;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -81,22 +86,38 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}_{}_{}_{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// A pool on the test server with room for `connections`, whose connections look in `schema`
-/// first.
+/// Creates schema `schema` in the test database; the guard drops it (with everything in it).
 #[cfg(feature = "postgres")]
-pub async fn pg_pool(schema: &str, connections: u32) -> sqlx::PgPool {
-    use sqlx::ConnectOptions;
-    let options: sqlx::postgres::PgConnectOptions = database_url().parse().expect("DATABASE_URL");
-    let options = options.options([("search_path", schema)]).log_statements(tracing_level());
-    let admin = sqlx::PgPool::connect_with(options.clone()).await.expect("PostgreSQL must be running for these tests");
+pub async fn pg_schema(schema: &str) -> Cleanup {
+    let admin = sqlx::PgPool::connect(&database_url()).await.expect("PostgreSQL must be running for these tests");
+    // The guard first: whatever happens next, the schema goes when the test ends.
+    let cleanup = Cleanup::pg_schema(schema);
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"")))
         .execute(&admin)
         .await
         .expect("create the test schema");
     admin.close().await;
+    cleanup
+}
+
+/// A pool on the test server with room for `connections`, whose connections look in `schema`
+/// first. The schema is created if need be and dropped when the test ends; the pool's
+/// connections carry `schema` as their application name, so that the drop can end them.
+#[cfg(feature = "postgres")]
+pub async fn pg_pool(schema: &str, connections: u32) -> sqlx::PgPool {
+    pg_pool_with(schema, connections, Duration::from_secs(30)).await
+}
+
+/// [`pg_pool`], with the pool's own acquire timeout.
+#[cfg(feature = "postgres")]
+pub async fn pg_pool_with(schema: &str, connections: u32, acquire_timeout: Duration) -> sqlx::PgPool {
+    use sqlx::ConnectOptions;
+    pg_schema(schema).await.until_test_ends();
+    let options: sqlx::postgres::PgConnectOptions = database_url().parse().expect("DATABASE_URL");
+    let options = options.options([("search_path", schema)]).application_name(schema).log_statements(tracing_level());
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(connections)
-        .acquire_timeout(Duration::from_secs(30))
+        .acquire_timeout(acquire_timeout)
         .connect_with(options)
         .await
         .expect("connect")
@@ -121,13 +142,10 @@ pub mod server;
 #[cfg(feature = "axum")]
 pub mod storm;
 
-/// A migrated SQLite store on a database file of its own in the system temp dir, in WAL mode,
-/// with room for the suites' concurrent cases: 32 connections, and a 10 s busy timeout for
-/// writers queueing on the write lock. The files stay for inspection; the first call of a run
-/// removes those of earlier runs (older than ten minutes).
-#[cfg(feature = "sqlite")]
-pub async fn sqlite_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::SqliteStore {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+/// A fresh path for a SQLite database file in the system temp dir, and the guard that deletes
+/// the file (with its `-wal` and `-shm` companions). The first call of a run also deletes the
+/// files that killed runs left (older than ten minutes).
+pub fn sqlite_path(prefix: &str) -> (std::path::PathBuf, Cleanup) {
     static SWEEP: std::sync::Once = std::sync::Once::new();
     SWEEP.call_once(|| {
         let stale = |entry: &std::fs::DirEntry| {
@@ -142,7 +160,29 @@ pub async fn sqlite_store(mode: tower_idempotency::CouplingMode) -> tower_idempo
             }
         }
     });
-    let path = std::env::temp_dir().join(unique_name("tidem") + ".db");
+    let path = std::env::temp_dir().join(unique_name(prefix) + ".db");
+    let cleanup = Cleanup::sqlite_file(&path);
+    (path, cleanup)
+}
+
+/// A migrated SQLite store on a database file of its own in the system temp dir, in WAL mode,
+/// with room for the suites' concurrent cases: 32 connections, and a 10 s busy timeout for
+/// writers queueing on the write lock. The file is deleted when the test ends.
+#[cfg(feature = "sqlite")]
+pub async fn sqlite_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::SqliteStore {
+    sqlite_store_with(mode, 32, Duration::from_secs(30)).await
+}
+
+/// [`sqlite_store`] with room for `connections`, and the pool's own acquire timeout.
+#[cfg(feature = "sqlite")]
+pub async fn sqlite_store_with(
+    mode: tower_idempotency::CouplingMode,
+    connections: u32,
+    acquire_timeout: Duration,
+) -> tower_idempotency::SqliteStore {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+    let (path, cleanup) = sqlite_path("tidem");
+    cleanup.until_test_ends();
     let options = SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)
@@ -151,8 +191,8 @@ pub async fn sqlite_store(mode: tower_idempotency::CouplingMode) -> tower_idempo
         .busy_timeout(Duration::from_secs(10))
         .foreign_keys(true);
     let pool = SqlitePoolOptions::new()
-        .max_connections(32)
-        .acquire_timeout(Duration::from_secs(30))
+        .max_connections(connections)
+        .acquire_timeout(acquire_timeout)
         .connect_with(options)
         .await
         .expect("open the SQLite test database");

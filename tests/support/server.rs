@@ -110,6 +110,18 @@ pub async fn post_order(addr: SocketAddr, account: &str, key: &str, body: &str) 
          content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
+    exchange(addr, request).await
+}
+
+/// Sends one `GET path` as `account`. Transport failures are an `Err`, as in [`post_order`].
+pub async fn get(addr: SocketAddr, account: &str, path: &str) -> Result<Reply, String> {
+    let request =
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {account}\r\nconnection: close\r\n\r\n");
+    exchange(addr, request).await
+}
+
+/// Sends `request` on a connection of its own and reads the whole reply, within 20 s.
+async fn exchange(addr: SocketAddr, request: String) -> Result<Reply, String> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
         stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
@@ -138,11 +150,14 @@ fn parse_reply(raw: &[u8]) -> Result<Reply, String> {
     }
 }
 
-/// A fresh PostgreSQL database on the test server; returns its URL.
+/// A fresh PostgreSQL database on the test server, dropped when the test ends (passed or
+/// panicked; sessions still connected to it, such as a server the test started, are ended);
+/// returns its URL.
 #[cfg(feature = "postgres")]
 pub async fn fresh_database(prefix: &str) -> String {
     let name = super::unique_name(prefix);
     let admin = sqlx::PgPool::connect(&super::database_url()).await.expect("PostgreSQL must be running");
+    super::Cleanup::pg_database(&name).until_test_ends();
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&admin).await.expect("create db");
     admin.close().await;
     let base = super::database_url();

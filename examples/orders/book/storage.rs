@@ -22,6 +22,11 @@ use super::sql;
 pub(crate) const DEFAULT_SQLITE_FILE: &str = "orders.db";
 /// How long a SQLite writer waits for another before giving up.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long any request waits for a connection from the pool (both databases) before it is
+/// answered 503 with `Retry-After`: a pool filled by slow requests must not make the others,
+/// plain `GET`s included, wait for sqlx's default of 30 s. The idempotency layer takes its
+/// own connections by the request's in-flight wait (2 s), or this, whichever comes first.
+pub(crate) const POOL_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A pool on the SQLite file of `options`, created if missing, in WAL mode with a busy timeout.
 pub(crate) async fn connect_sqlite(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
@@ -31,7 +36,7 @@ pub(crate) async fn connect_sqlite(options: SqliteConnectOptions) -> Result<Sqli
         .busy_timeout(SQLITE_BUSY_TIMEOUT)
         // sqlx's default, said out loud: a COMMIT is on disk before the answer leaves.
         .synchronous(SqliteSynchronous::Full);
-    SqlitePoolOptions::new().max_connections(8).connect_with(options).await
+    SqlitePoolOptions::new().max_connections(8).acquire_timeout(POOL_ACQUIRE_TIMEOUT).connect_with(options).await
 }
 
 /// An order's place in the listing: newest first by `created_at`, then by `order_id`

@@ -1,5 +1,11 @@
 //! The leased claim of both SQL stores: committed at once as `processing` with a lease and a
 //! fencing token, finished by a fenced, state-checked write, given up on drop.
+//!
+//! Finishing, releasing and giving up take their connection by the end of the lease: until
+//! then the record is this claim's to settle; after it, the stale-lease policy decides for the
+//! next retry, and a request whose pool stays exhausted that long gets `FinishError::Store`.
+
+use tokio::time::Instant;
 
 use super::dialect::Dialect;
 use super::{Records, unavailable};
@@ -14,6 +20,8 @@ pub(crate) struct LeasedClaim<D: Dialect> {
     id: RecordId,
     token: i64,
     retention: Retention,
+    /// When the lease runs out: the bound on taking a connection to settle the claim.
+    lease_ends: Instant,
     /// Whether the claim was finished (or is being finished), so dropping it gives nothing up.
     finished: bool,
 }
@@ -21,7 +29,14 @@ pub(crate) struct LeasedClaim<D: Dialect> {
 impl<D: Dialect> LeasedClaim<D> {
     /// The claim of `request`'s identity under fencing `token`.
     pub(crate) fn new(records: &Records<D>, request: &BeginRequest<'_>, token: i64) -> Self {
-        Self { records: records.clone(), id: *request.id, token, retention: request.retention, finished: false }
+        Self {
+            records: records.clone(),
+            id: *request.id,
+            token,
+            retention: request.retention,
+            lease_ends: Instant::now() + request.lease,
+            finished: false,
+        }
     }
 
     /// The claim's fencing token.
@@ -39,7 +54,7 @@ impl<D: Dialect> LeasedClaim<D> {
             None => statements.release(&self.id, self.token),
             Some((state, response)) => statements.finish(&self.id, self.token, state, &response, self.retention),
         };
-        match self.records.execute(statement).await {
+        match self.records.execute_by(statement, self.lease_ends).await {
             Ok(1) => Ok(()),
             Ok(_) => Err(FinishError::ClaimLost),
             Err(error) if D::never_ran(&error) => Err(FinishError::Store(unavailable(error))),
@@ -57,8 +72,9 @@ impl<D: Dialect> Drop for LeasedClaim<D> {
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (records, abandon) = (self.records.clone(), self.records.statements.abandon(&self.id, self.token));
+        let lease_ends = self.lease_ends;
         runtime.spawn(async move {
-            let _ = records.execute(abandon).await;
+            let _ = records.execute_by(abandon, lease_ends).await;
         });
     }
 }

@@ -3,6 +3,7 @@
 //! What differs between PostgreSQL and SQLite is their [`Dialect`](dialect::Dialect) and
 //! their atomic claims.
 
+mod acquire;
 mod claim;
 mod deployment;
 mod dialect;
@@ -26,6 +27,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AssertSqlSafe, Pool, SqlSafeStr};
 use tokio::time::Instant;
 
+pub(crate) use self::acquire::{acquire_by, begin_by};
 use self::dialect::{Bound, Dialect};
 use self::statements::Statements;
 use self::tx::HandleStillHeld;
@@ -171,22 +173,33 @@ impl<D: Dialect> Clone for Records<D> {
 }
 
 impl<D: Dialect> Records<D> {
-    /// Runs `statement` on a pooled connection; how many rows it changed.
+    /// Runs `statement` on a pooled connection, for maintenance (no request waits on it):
+    /// taking the connection is bounded by the pool's own acquire timeout. How many rows it
+    /// changed.
     pub(crate) async fn execute(&self, statement: Bound) -> Result<u64, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         D::execute(&mut conn, statement).await
     }
 
-    /// The record of `id`, read in a statement of its own, outside any transaction.
-    pub(crate) async fn read(&self, id: &RecordId) -> Result<Option<RecordRow>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(unavailable)?;
+    /// Runs `statement` on a request's behalf, taking the connection by `deadline` (see
+    /// [`acquire_by`]); how many rows it changed.
+    pub(crate) async fn execute_by(&self, statement: Bound, deadline: Instant) -> Result<u64, sqlx::Error> {
+        let mut conn = acquire_by(&self.pool, deadline).await?;
+        D::execute(&mut conn, statement).await
+    }
+
+    /// The record of `id`, read in a statement of its own, outside any transaction, on a
+    /// connection taken by `deadline` (see [`acquire_by`]).
+    pub(crate) async fn read(&self, id: &RecordId, deadline: Instant) -> Result<Option<RecordRow>, StoreError> {
+        let mut conn = acquire_by(&self.pool, deadline).await.map_err(unavailable)?;
         D::fetch_record(&mut conn, self.statements.read(id)).await
     }
 
     /// Marks `id` unknown if it is still `processing` under `token` with its lease run out.
     /// Whether it did.
-    async fn mark_unknown(&self, id: &RecordId, token: i64) -> Result<bool, StoreError> {
-        let marked = self.execute(self.statements.mark_unknown(id, token)).await.map_err(unavailable)?;
+    async fn mark_unknown(&self, id: &RecordId, token: i64, deadline: Instant) -> Result<bool, StoreError> {
+        let statement = self.statements.mark_unknown(id, token);
+        let marked = self.execute_by(statement, deadline).await.map_err(unavailable)?;
         Ok(marked == 1)
     }
 
@@ -213,7 +226,7 @@ impl<D: Dialect> Records<D> {
         let mut backoff = Duration::from_millis(10);
         let mut row = match row {
             Some(row) => row,
-            None => match self.read(request.id).await? {
+            None => match self.read(request.id, deadline).await? {
                 Some(row) => row,
                 None => return Ok(None),
             },
@@ -230,7 +243,7 @@ impl<D: Dialect> Records<D> {
                     return Ok(Some(Begin::Existing(row.answer(&found, state, request.fingerprint)?)));
                 }
                 Decision::MarkUnknown => {
-                    if self.mark_unknown(request.id, row.fencing_token).await? {
+                    if self.mark_unknown(request.id, row.fencing_token, deadline).await? {
                         return Ok(Some(Begin::Existing(Record::new(ABANDONED, found.fingerprint))));
                     }
                 }
@@ -243,7 +256,7 @@ impl<D: Dialect> Records<D> {
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
             }
-            match self.read(request.id).await? {
+            match self.read(request.id, deadline).await? {
                 Some(fresh) => row = fresh,
                 None => return Ok(None),
             }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::super::RecordRow;
 use super::super::claim::{self, Held};
 use super::super::tx::{ManagedTx, OpenTx, TxHandle};
-use super::super::{millis, unavailable};
+use super::super::{acquire_by, millis, unavailable};
 use super::{Pg, PgClaim, PostgresStore, record_row};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -36,7 +36,7 @@ impl PostgresStore {
         // Retries of finished requests are the common case worth making cheap: one plain read,
         // no transaction, no lock. A new key goes on to claim on the same connection, so the
         // miss costs one round trip and no extra trip through the pool.
-        let mut conn = self.records.pool.acquire().await.map_err(unavailable)?;
+        let mut conn = acquire_by(&self.records.pool, deadline).await.map_err(unavailable)?;
         let mut found = Pg::fetch_record(&mut conn, self.records.statements.read(request.id)).await?;
         let mut held = Some(conn);
         // Whether the claim deletes a forgotten record, or a dead lease on a re-executable
@@ -53,7 +53,7 @@ impl PostgresStore {
             }
             let conn = match held.take() {
                 Some(conn) => conn,
-                None => self.records.pool.acquire().await.map_err(unavailable)?,
+                None => acquire_by(&self.records.pool, deadline).await.map_err(unavailable)?,
             };
             let lock_ms = millis(deadline.saturating_duration_since(Instant::now()));
             let begin = self.atomic.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms, replace);
@@ -177,10 +177,12 @@ impl AtomicClaim {
         }
     }
 
-    /// Claims this identity again, in a new transaction, to store a failure.
+    /// Claims this identity again, in a new transaction, to store a failure: taking the
+    /// connection and the lock are both bounded by the request's in-flight wait.
     async fn reclaim(&self) -> Result<OpenTx<Postgres>, FinishError> {
         let store = &self.store;
-        let conn = store.records.pool.acquire().await.map_err(|e| FinishError::Store(unavailable(e)))?;
+        let deadline = Instant::now() + self.wait;
+        let conn = acquire_by(&store.records.pool, deadline).await.map_err(|e| FinishError::Store(unavailable(e)))?;
         let policy = if self.reexecute { StaleLeasePolicy::Reexecute } else { StaleLeasePolicy::MarkUnknown };
         let begin = store.atomic.begin_claim(&self.id, &self.fingerprint, policy, millis(self.wait), self.replace);
         match ManagedTx::begin(conn, begin).await {

@@ -38,6 +38,13 @@
 //! handler after the first request committed; step 4 then rolls it back and answers 503
 //! `idempotency_commit_uncertain`, and its retry replays. Either way one execution commits.
 //!
+//! **An exhausted pool** (every connection held, say by requests whose handlers are still
+//! running) does not stretch the bounded wait: every connection the store takes on a request's
+//! behalf is taken by the request's deadline, the in-flight wait (at least 1 s), not the pool's
+//! own acquire timeout; after it, the request is answered 503 `idempotency_store_unavailable`
+//! ([`StoreError::Unavailable`](crate::store::StoreError::Unavailable)) and nothing ran. A leased
+//! claim's outcome and release wait for a connection until the claim's lease runs out.
+//!
 //! A stored failure (a business rejection the handler marks to be stored) rolls the
 //! transaction back and stores the answer under a fresh claim: a per-request savepoint would
 //! cost every request a subtransaction for the sake of this rarer path.
@@ -67,7 +74,7 @@ use super::claim::{Held, sql_store_surface};
 use super::dialect::{Arg, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
-use super::{Records, check_identifier, migrator, millis, unavailable};
+use super::{Records, acquire_by, check_identifier, migrator, millis, unavailable};
 use crate::name::InvalidName;
 use crate::store::{Begin, BeginRequest, CouplingMode, StoreError};
 
@@ -181,7 +188,7 @@ impl PostgresStore {
         }
         loop {
             let claim = self.records.statements.claim(request, Some(request.lease), None);
-            let claimed = match self.records.pool.acquire().await {
+            let claimed = match acquire_by(&self.records.pool, deadline).await {
                 Ok(mut conn) => Pg::fetch_token(&mut conn, claim).await,
                 Err(error) => Err(error),
             };

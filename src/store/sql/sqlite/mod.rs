@@ -54,6 +54,13 @@
 //! serving any key, so the store cannot say "this key is in flight": it answers
 //! [`StoreError::Unavailable`] (503 with `Retry-After`), and nothing was claimed.
 //!
+//! **An exhausted pool** (every connection held, say by requests whose handlers are still
+//! running) does not stretch the bounded wait: every connection the store takes on a request's
+//! behalf is taken by the request's deadline, the in-flight wait (at least 1 s), not the pool's
+//! own acquire timeout; after it, the request is answered 503 `idempotency_store_unavailable`
+//! ([`StoreError::Unavailable`](crate::store::StoreError::Unavailable)) and nothing ran. A leased
+//! claim's outcome and release wait for a connection until the claim's lease runs out.
+//!
 //! **Duplicates wait in process, bounded by the in-flight wait.** An atomic claim is an
 //! uncommitted row, invisible to every other connection. So that a duplicate can still be told
 //! apart from a busy database, a store (and its clones) keeps a gate per identity it is
@@ -101,7 +108,7 @@ use super::dialect::{Bound, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::tx::TxHandle;
-use super::{Records, check_identifier, migrator, millis, unavailable};
+use super::{Records, begin_by, check_identifier, migrator, millis, unavailable};
 use crate::key::RecordId;
 use crate::name::InvalidName;
 use crate::record::RecordState;
@@ -232,7 +239,8 @@ impl SqliteStore {
             if let Some(answer) = self.records.resolve_existing(request, deadline, None).await? {
                 return Ok(answer);
             }
-            let mut tx = self.records.pool.begin_with("BEGIN IMMEDIATE").await.map_err(unavailable)?;
+            let mut tx =
+                begin_by(&self.records.pool, "BEGIN IMMEDIATE".into_sql_str(), deadline).await.map_err(unavailable)?;
             match self.claim_in(&mut tx, request, None).await {
                 Ok(Some(token)) => {
                     sqlx::raw_sql(CLAIM_SAVEPOINT).execute(&mut *tx).await.map_err(unavailable)?;
@@ -264,7 +272,8 @@ impl SqliteStore {
                 return Ok(answer);
             }
             // The counter bump and the claim are one short write transaction.
-            let mut tx = self.records.pool.begin_with("BEGIN IMMEDIATE").await.map_err(unavailable)?;
+            let mut tx =
+                begin_by(&self.records.pool, "BEGIN IMMEDIATE".into_sql_str(), deadline).await.map_err(unavailable)?;
             match self.claim_in(&mut tx, request, Some(request.lease)).await {
                 Ok(Some(token)) => {
                     tx.commit().await.map_err(unavailable)?;
