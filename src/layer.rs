@@ -186,9 +186,12 @@ impl<St: Store> IdempotencyLayer<St> {
     /// The gRPC methods this layer guards, by path: `/package.Service/Method` (a missing
     /// leading `/` is added). Feature `tonic`.
     ///
-    /// A request is gRPC when its content type is `application/grpc` (or `application/grpc+…`,
-    /// `application/grpc-…`); it is guarded only when its method is named here, and passes
-    /// through untouched otherwise, whatever [`methods`](Self::methods) says. Name unary
+    /// A request to a path named here is guarded as a gRPC call, whatever its content type
+    /// and whatever [`methods`](Self::methods) says. A gRPC call (content type
+    /// `application/grpc`, `application/grpc+…`, `application/grpc-…`) to another method
+    /// passes through the tonic adapter ([`into_tonic`](Self::into_tonic)) untouched; the plain
+    /// layer judges it by [`methods`](Self::methods) like any request, so a content type is
+    /// never a way around a guarded route. Name unary
     /// (or client-streaming) methods only: the layer buffers the whole request and the whole
     /// answer, which a bidirectional stream cannot wait for. See [`grpc`](crate::grpc).
     #[cfg(feature = "tonic")]

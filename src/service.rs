@@ -20,7 +20,7 @@ use crate::future::ResponseFuture;
 use crate::key::RecordId;
 use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
-use crate::protocol::{Classified, Protocol, Protocols};
+use crate::protocol::{Classified, Protocol, Protocols, UnnamedGrpc};
 use crate::record::{Record, RecordState, StoredResponse};
 use crate::store::{Begin, BeginRequest, Claim, FinishError, Outcome, Store, StoreError};
 
@@ -85,7 +85,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        self.call_with(request, ReqBody::from)
+        self.call_with(request, ReqBody::from, UnnamedGrpc::HttpRules)
     }
 }
 
@@ -106,6 +106,7 @@ impl<S, St> IdempotencyService<S, St> {
         &mut self,
         request: Request<ReqBody>,
         rebuild: fn(Bytes) -> ReqBody,
+        unnamed_grpc: UnnamedGrpc,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -119,7 +120,7 @@ impl<S, St> IdempotencyService<S, St> {
         ResBody::Error: Into<BoxError>,
     {
         let protocol = match self.config.rollout.get() {
-            RolloutMode::Enforce => self.protocols.guard(&request),
+            RolloutMode::Enforce => self.protocols.guard(&request, unnamed_grpc),
             _ => None,
         };
         let Some(protocol) = protocol else {
