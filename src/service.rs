@@ -185,7 +185,19 @@ where
         .retention(config.retention);
     let claim = match store.begin(begin).await {
         Ok(Begin::Claimed(claim)) => claim,
-        Ok(Begin::Existing(record)) => return Ok(answer_existing(&config, &protocol, &id, &fingerprint, record)),
+        Ok(Begin::Existing(record)) => {
+            let same = same_request(&record.fingerprint, &fingerprint, |version| {
+                fingerprint::fingerprint_with_version(
+                    version,
+                    &parts.method,
+                    &parts.uri,
+                    &parts.headers,
+                    &body,
+                    &config.fingerprint,
+                )
+            });
+            return Ok(answer_existing(&config, &protocol, &id, same, record));
+        }
         Ok(Begin::InFlight { retry_after }) => {
             tracing::debug!(record = %id, "idempotency: duplicate still in flight after the bounded wait");
             return refuse(
@@ -271,12 +283,27 @@ where
     }
 }
 
-/// Replays or refuses, given the record that is already there.
+/// Whether a stored record's fingerprint is this request's: compared as they are when both have
+/// the same version, else with the request's fingerprint at the record's version (computed only
+/// then, by `at_version`). A record of a version this crate does not know is another request.
+fn same_request(
+    stored: &Fingerprint,
+    request: &Fingerprint,
+    at_version: impl FnOnce(u8) -> Option<Fingerprint>,
+) -> bool {
+    if stored.version() == request.version() {
+        return stored == request;
+    }
+    at_version(stored.version()).is_some_and(|request| request == *stored)
+}
+
+/// Replays or refuses, given the record that is already there and whether it is this
+/// request's ([`same_request`]).
 fn answer_existing<B>(
     config: &Config,
     protocol: &Protocol,
     id: &RecordId,
-    fingerprint: &Fingerprint,
+    same_request: bool,
     record: Record,
 ) -> Response<IdempotencyBody<B>> {
     if record.state == RecordState::Expired {
@@ -285,7 +312,7 @@ fn answer_existing<B>(
             "this key is past its retention; use a new key for a new request",
         ));
     }
-    if record.fingerprint != *fingerprint {
+    if !same_request {
         tracing::debug!(record = %id, "idempotency: key reused with a different request");
         return protocol.refuse(
             Problem::new(ProblemCode::KeyReused, "this key was used with a different request")

@@ -176,3 +176,37 @@ async fn the_tonic_adapter_guards_a_named_method_whatever_its_content_type() {
     let other = service.clone().oneshot(call("/pkg.Svc/Read", Some("application/grpc"))).await.unwrap();
     assert_eq!(other.headers()["x-guarded"], "false", "an unnamed gRPC method passes through");
 }
+
+/// A key with a control character never reaches the layer: hyper refuses the request with a
+/// bare 400 (documented in the contract, §1). A tab, which HTTP allows, reaches the layer and
+/// gets its problem+json.
+#[tokio::test]
+async fn a_control_character_in_the_key_gets_hypers_bare_400_before_the_layer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app()).await });
+    let raw = |key: &[u8]| {
+        let mut request = b"POST /orders HTTP/1.1\r\nhost: test\r\nconnection: close\r\n".to_vec();
+        request.extend_from_slice(b"content-type: application/json\r\ncontent-length: 2\r\nidempotency-key: ");
+        request.extend_from_slice(key);
+        request.extend_from_slice(b"\r\n\r\n{}");
+        request
+    };
+    for (key, layer_answers) in
+        [(&b"a\x01b"[..], false), (b"a\x00b", false), (b"a\x7fb", false), (b"a\x1bb", false), (b"\"a\tb\"", true)]
+    {
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        stream.write_all(&raw(key)).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{key:?}: {answer}");
+        assert_eq!(answer.contains("idempotency_key_invalid"), layer_answers, "{key:?}: {answer}");
+        if !layer_answers {
+            assert!(!answer.contains("problem+json"), "{key:?}: hyper's own answer: {answer}");
+        }
+    }
+    server.abort();
+}
