@@ -86,6 +86,8 @@
 //! | original still in flight after the bounded wait | `ABORTED` | `idempotency_request_in_flight` |
 //! | an earlier attempt's outcome is unknown | `ABORTED` | `idempotency_outcome_unknown` |
 //! | request over the buffer limit | `RESOURCE_EXHAUSTED` | `idempotency_body_too_large` |
+//! | request not complete within the body deadline | `DEADLINE_EXCEEDED` | `idempotency_body_timeout` |
+//! | buffer budget spent (refused before reading) | `UNAVAILABLE` | `idempotency_buffer_budget_exhausted` |
 //! | store unreachable, or commit uncertain | `UNAVAILABLE` | `idempotency_store_unavailable`, `idempotency_commit_uncertain` |
 //! | answer too large to store, handle kept, answer failed | `INTERNAL` | `idempotency_response_too_large`, … |
 //! | no scope | `UNAUTHENTICATED` | `idempotency_scope_missing` |

@@ -7,6 +7,7 @@ use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
+use crate::budget::BufferBudget;
 use crate::config::{Config, RolloutSwitch, ScopeSource};
 use crate::fingerprint::FingerprintSpec;
 use crate::key::Scope;
@@ -105,6 +106,24 @@ impl<St: Store> IdempotencyLayer<St> {
     /// The largest request body buffered, in bytes (default 1 MiB); larger answers 413.
     pub fn max_request_body(mut self, bytes: usize) -> Self {
         self.config.max_request_body = bytes;
+        self
+    }
+
+    /// The deadline for reading a guarded request's whole body, from the moment the layer starts
+    /// reading it (default 30 s). A body still incomplete then is answered with 408
+    /// `idempotency_body_timeout` (gRPC `DEADLINE_EXCEEDED`), and nothing is claimed.
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.config.body_timeout = timeout;
+        self
+    }
+
+    /// The budget of request-body bytes this layer may buffer at once, shared with every layer
+    /// given the same budget (default: [`BufferBudget::process`], 64 MiB, shared by every layer
+    /// of the process). A request whose body does not fit is refused before it is read, with
+    /// 503 `idempotency_buffer_budget_exhausted` and `Retry-After`; see [`BufferBudget`] for
+    /// what a request is charged.
+    pub fn buffer_budget(mut self, budget: BufferBudget) -> Self {
+        self.config.buffer_budget = budget;
         self
     }
 

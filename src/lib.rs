@@ -120,6 +120,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
+mod budget;
 mod buffer;
 mod config;
 pub mod context;
@@ -148,6 +149,7 @@ pub mod store;
 pub mod testkit;
 
 pub use body::IdempotencyBody;
+pub use budget::BufferBudget;
 pub use config::{RolloutMode, RolloutSwitch};
 pub use context::IdempotencyContext;
 #[cfg(feature = "redis")]

@@ -12,6 +12,7 @@ use tower_service::Service;
 
 use crate::BoxError;
 use crate::body::IdempotencyBody;
+use crate::budget::Reservation;
 use crate::buffer::{self, ReadError};
 use crate::config::{Config, RolloutMode};
 use crate::context::IdempotencyContext;
@@ -170,9 +171,10 @@ where
     let operation = protocol.operation(&parts);
     let id = RecordId::new(&scope, &operation, &key);
 
-    // 2. Buffer the body within the limit, and fingerprint the request.
-    let body = match buffer_request_body(&parts.headers, body, config.max_request_body).await {
-        Ok(body) => body,
+    // 2. Buffer the body within the limit, the budget and the deadline, and fingerprint the
+    //    request. The reservation is held until the handler has answered.
+    let (body, reservation) = match buffer_request_body(&parts.headers, body, &config).await {
+        Ok(buffered) => buffered,
         Err(problem) => return refuse(problem),
     };
     let fingerprint = fingerprint::fingerprint(&parts.method, &parts.uri, &parts.headers, &body, &config.fingerprint);
@@ -216,7 +218,9 @@ where
     if let Some(handle) = claim.handle() {
         parts.extensions.insert(handle);
     }
-    let response = inner.call(Request::from_parts(parts, rebuild(body))).await?;
+    let response = inner.call(Request::from_parts(parts, rebuild(body))).await;
+    drop(reservation);
+    let response = response?;
 
     // 5. Classify the response (from its head, or else from its trailers once it is read),
     //    store it with the claim, and answer only once it is settled.
@@ -263,23 +267,55 @@ async fn release<C: Claim>(claim: C, id: &RecordId) {
     }
 }
 
-/// Buffers the request body, refusing before reading when `Content-Length` is over the limit
-/// and never buffering past it otherwise.
-async fn buffer_request_body<B>(headers: &http::HeaderMap, body: B, limit: usize) -> Result<Bytes, Problem>
+/// Buffers the request body: refused before it is read when its `Content-Length` is over the
+/// limit or its charge does not fit the buffer budget (see [`BufferBudget`](crate::BufferBudget):
+/// the declared length, or the whole limit without one), never buffered past its charge, and
+/// refused when it is not complete within the body deadline. Returns the body and its
+/// reservation, cut down to the body's length.
+async fn buffer_request_body<B>(
+    headers: &http::HeaderMap,
+    body: B,
+    config: &Config,
+) -> Result<(Bytes, Reservation), Problem>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
+    let limit = config.max_request_body;
     let too_large =
         || Problem::new(ProblemCode::BodyTooLarge, format!("the request body is larger than {limit} bytes"));
     let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(too_large());
-    }
-    match buffer::read_to_end(body, limit).await {
-        Ok((bytes, _trailers)) => Ok(bytes),
-        Err(ReadError::TooLarge) => Err(too_large()),
-        Err(ReadError::Failed) => Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read")),
+    let charge = match declared {
+        Some(length) if length > limit as u64 => return Err(too_large()),
+        // At most `limit`, which is a `usize`.
+        Some(length) => length as usize,
+        None => limit,
+    };
+    let Some(mut reservation) = config.buffer_budget.try_reserve(charge) else {
+        tracing::warn!(bytes = charge, "idempotency: request refused, the buffer budget is spent");
+        return Err(Problem::new(
+            ProblemCode::BufferBudgetExhausted,
+            "the server is buffering too many request bodies; retry later",
+        )
+        .retry_after(config.retry_after));
+    };
+    let read = tokio::time::timeout(config.body_timeout, buffer::read_to_end(body, reservation.bytes())).await;
+    match read {
+        Ok(Ok((bytes, _trailers))) => {
+            reservation.shrink_to(bytes.len());
+            Ok((bytes, reservation))
+        }
+        Ok(Err(ReadError::TooLarge)) if declared.is_some() => {
+            Err(Problem::new(ProblemCode::BodyUnreadable, "the request body is longer than its Content-Length"))
+        }
+        Ok(Err(ReadError::TooLarge)) => Err(too_large()),
+        Ok(Err(ReadError::Failed)) => {
+            Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read"))
+        }
+        Err(_elapsed) => Err(Problem::new(
+            ProblemCode::BodyTimeout,
+            format!("the request body did not arrive whole within {:?}", config.body_timeout),
+        )),
     }
 }
 
