@@ -7,17 +7,18 @@ use std::sync::{Arc, OnceLock};
 
 /// A budget of bytes for the request bodies that idempotency layers buffer at the same time.
 ///
-/// Before a guarded request's body is read, the layer reserves what it may buffer: its
-/// `Content-Length`, or, for a body without one (chunked, or HTTP/2 without the header), the
-/// layer's whole [`max_request_body`](crate::IdempotencyLayer::max_request_body), cut down to
-/// what was read once the body is complete. A request whose reservation does not fit is refused
-/// at once, before its body is read, with 503 `idempotency_buffer_budget_exhausted` and
-/// `Retry-After`. The reservation is given back when the handler has answered (the buffered
-/// body goes to the handler), or as soon as the request is refused or cancelled.
+/// Before a guarded request's body is read, the layer reserves its `Content-Length`; a
+/// request whose reservation does not fit is refused at once, before its body is read, with
+/// 503 `idempotency_buffer_budget_exhausted` and `Retry-After`. A body without
+/// `Content-Length` (chunked, or HTTP/2 and gRPC, whose clients rarely send one) is charged as
+/// it arrives, chunk by chunk: when the budget cannot take the next chunk, the request is
+/// refused with the same 503 and what was read is dropped. The reservation is given back when
+/// the handler has answered (the buffered body goes to the handler), or as soon as the request
+/// is refused or cancelled.
 ///
 /// Every layer shares [`BufferBudget::process`] (64 MiB) unless it is given another with
 /// [`buffer_budget`](crate::IdempotencyLayer::buffer_budget); clones of a budget share it. Keep
-/// the budget above `max_request_body`, or a body without `Content-Length` is never admitted.
+/// the budget above `max_request_body`, or the largest bodies are never admitted.
 ///
 /// ```
 /// use tower_idempotency::{BufferBudget, IdempotencyLayer, MemoryStore};
@@ -93,6 +94,22 @@ impl Reservation {
         self.bytes
     }
 
+    /// Grows the reservation to `bytes`; false, and unchanged, when that does not fit.
+    pub(crate) fn grow_to(&mut self, bytes: usize) -> bool {
+        if bytes <= self.bytes {
+            return true;
+        }
+        match self.budget.try_reserve(bytes - self.bytes) {
+            Some(mut more) => {
+                // The two become one: this reservation gives the whole back when dropped.
+                more.bytes = 0;
+                self.bytes = bytes;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Gives back all but `bytes` of the reservation (nothing when it holds no more).
     pub(crate) fn shrink_to(&mut self, bytes: usize) {
         if bytes < self.bytes {
@@ -121,11 +138,14 @@ mod tests {
         assert_eq!(budget.in_use(), 10);
         assert!(budget.try_reserve(1).is_none());
         assert!(budget.try_reserve(0).is_some(), "nothing always fits");
+        assert!(!six.grow_to(7), "6 + 4 is the whole budget");
         six.shrink_to(2);
         assert_eq!(budget.in_use(), 6);
         six.shrink_to(5);
         assert_eq!((six.bytes(), budget.in_use()), (2, 6), "a reservation never grows");
         drop(four);
+        assert!(six.grow_to(9));
+        assert_eq!(budget.in_use(), 9);
         drop(six);
         assert_eq!(budget.in_use(), 0);
         assert!(budget.try_reserve(11).is_none());

@@ -268,10 +268,10 @@ async fn release<C: Claim>(claim: C, id: &RecordId) {
 }
 
 /// Buffers the request body: refused before it is read when its `Content-Length` is over the
-/// limit or its charge does not fit the buffer budget (see [`BufferBudget`](crate::BufferBudget):
-/// the declared length, or the whole limit without one), never buffered past its charge, and
-/// refused when it is not complete within the body deadline. Returns the body and its
-/// reservation, cut down to the body's length.
+/// limit or does not fit the buffer budget; without one, charged chunk by chunk and refused
+/// when the budget cannot take the next (see [`BufferBudget`](crate::BufferBudget)); never
+/// buffered past its declared length; refused when it is not complete within the body
+/// deadline. Returns the body and its reservation, cut down to the body's length.
 async fn buffer_request_body<B>(
     headers: &http::HeaderMap,
     body: B,
@@ -285,22 +285,25 @@ where
     let too_large =
         || Problem::new(ProblemCode::BodyTooLarge, format!("the request body is larger than {limit} bytes"));
     let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let charge = match declared {
+    let (charge, read_limit) = match declared {
         Some(length) if length > limit as u64 => return Err(too_large()),
         // At most `limit`, which is a `usize`.
-        Some(length) => length as usize,
-        None => limit,
+        Some(length) => (length as usize, length as usize),
+        None => (0, limit),
+    };
+    let budget_spent = || {
+        tracing::warn!("idempotency: request refused, the buffer budget is spent");
+        Problem::new(ProblemCode::BufferBudgetExhausted, "the server is buffering too many request bodies; retry later")
+            .retry_after(config.retry_after)
     };
     let Some(mut reservation) = config.buffer_budget.try_reserve(charge) else {
-        tracing::warn!(bytes = charge, "idempotency: request refused, the buffer budget is spent");
-        return Err(Problem::new(
-            ProblemCode::BufferBudgetExhausted,
-            "the server is buffering too many request bodies; retry later",
-        )
-        .retry_after(config.retry_after));
+        return Err(budget_spent());
     };
-    let read = tokio::time::timeout(config.body_timeout, buffer::read_to_end(body, reservation.bytes())).await;
+    // Without a declared length, each chunk is charged as it arrives.
+    let admit = |length: usize| reservation.grow_to(length);
+    let read = tokio::time::timeout(config.body_timeout, buffer::read_admitted(body, read_limit, admit)).await;
     match read {
+        Ok(Err(ReadError::NotAdmitted)) => Err(budget_spent()),
         Ok(Ok((bytes, _trailers))) => {
             reservation.shrink_to(bytes.len());
             Ok((bytes, reservation))

@@ -82,8 +82,8 @@
 //! - `ORDERS_BUFFER_BUDGET_BYTES` (default 67108864, 64 MiB; at least 1048576): the bytes of
 //!   `POST /orders` bodies held in memory at once. A request whose body does not fit is refused
 //!   before it is read with 503 `idempotency_buffer_budget_exhausted` and `Retry-After: 1`. A
-//!   body is charged its `Content-Length`, or without one the largest body (1 MiB) until it
-//!   is read.
+//!   body is charged its `Content-Length`; one without is charged as it arrives (and refused
+//!   the same way when the budget cannot take its next chunk).
 //!
 //! It speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, with limits on what
 //! one connection can hold: 32 concurrent streams, 16 KiB of headers, 30 s for an HTTP/1.1
