@@ -123,10 +123,11 @@ fn the_buffer_budget_refuses_while_stalled_bodies_hold_it_and_admits_once_they_a
     tower_idempotency::testkit::run(async {
         // The smallest budget: one largest body (1 MiB) fills it.
         let orders = Orders::start(&[("ORDERS_BUFFER_BUDGET_BYTES", "1048576")]);
-        let holder = stalled_post(orders.addr, "holder", 1024 * 1024, b"{").await;
+        let mut holder = stalled_post(orders.addr, "holder-0", 1024 * 1024, b"{").await;
 
         // Once the stalled body is being read, it holds the whole budget: new requests are
-        // refused before they are read (earlier probes may still be admitted).
+        // refused before they are read. (A probe still in flight when the holder arrived makes
+        // the holder itself refused: then a new holder takes its place.)
         let mut refused = None;
         let probing = tokio::time::timeout(LIVENESS, async {
             for n in 0.. {
@@ -136,6 +137,10 @@ fn the_buffer_budget_refuses_while_stalled_bodies_hold_it_and_admits_once_they_a
                     break;
                 }
                 assert_eq!(reply.status, 201, "{}", reply.text());
+                let mut peek = [0u8; 1];
+                if !matches!(holder.try_read(&mut peek), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+                    holder = stalled_post(orders.addr, &format!("holder-{n}"), 1024 * 1024, b"{").await;
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
