@@ -89,11 +89,6 @@ pub(crate) struct Reservation {
 }
 
 impl Reservation {
-    /// The bytes reserved.
-    pub(crate) fn bytes(&self) -> usize {
-        self.bytes
-    }
-
     /// Grows the reservation to `bytes`; false, and unchanged, when that does not fit.
     pub(crate) fn grow_to(&mut self, bytes: usize) -> bool {
         if bytes <= self.bytes {
@@ -142,7 +137,7 @@ mod tests {
         six.shrink_to(2);
         assert_eq!(budget.in_use(), 6);
         six.shrink_to(5);
-        assert_eq!((six.bytes(), budget.in_use()), (2, 6), "a reservation never grows");
+        assert_eq!((six.bytes, budget.in_use()), (2, 6), "a reservation never grows");
         drop(four);
         assert!(six.grow_to(9));
         assert_eq!(budget.in_use(), 9);
