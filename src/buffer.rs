@@ -17,10 +17,22 @@ pub(crate) enum ReadError {
     TooLarge,
     /// The body failed while it was read.
     Failed,
+    /// `admit` refused the bytes read so far (the buffer budget is spent).
+    NotAdmitted,
 }
 
 /// Reads `body` to its end: its bytes (at most `limit`) and its trailers.
 pub(crate) async fn read_to_end<B: Body>(body: B, limit: usize) -> Result<(Bytes, Option<HeaderMap>), ReadError> {
+    read_admitted(body, limit, |_| true).await
+}
+
+/// [`read_to_end`], asking `admit` before it keeps each chunk whether the length read so far
+/// may be held.
+pub(crate) async fn read_admitted<B: Body>(
+    body: B,
+    limit: usize,
+    mut admit: impl FnMut(usize) -> bool,
+) -> Result<(Bytes, Option<HeaderMap>), ReadError> {
     if body.size_hint().lower() > limit as u64 {
         return Err(ReadError::TooLarge);
     }
@@ -46,6 +58,9 @@ pub(crate) async fn read_to_end<B: Body>(body: B, limit: usize) -> Result<(Bytes
         length = length.saturating_add(data.remaining());
         if length > limit {
             return Err(ReadError::TooLarge);
+        }
+        if !admit(length) {
+            return Err(ReadError::NotAdmitted);
         }
         // For `Bytes` (what nearly every body yields) this takes the chunk without copying.
         let chunk = data.copy_to_bytes(data.remaining());

@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
 
+use crate::budget::BufferBudget;
 use crate::fingerprint::FingerprintSpec;
 use crate::key::Scope;
 use crate::outcome::Classifier;
@@ -49,6 +50,10 @@ pub(crate) struct Config {
     pub(crate) operation: Option<Arc<str>>,
     pub(crate) fingerprint: FingerprintSpec,
     pub(crate) max_request_body: usize,
+    /// The deadline for reading a guarded request's whole body.
+    pub(crate) body_timeout: Duration,
+    /// The bytes of request bodies buffered at once, shared with other layers.
+    pub(crate) buffer_budget: BufferBudget,
     pub(crate) max_response_body: usize,
     pub(crate) in_flight_wait: Duration,
     pub(crate) retry_after: Duration,
@@ -78,6 +83,8 @@ impl Default for Config {
             operation: None,
             fingerprint: FingerprintSpec::new(),
             max_request_body: 1024 * 1024,
+            body_timeout: Duration::from_secs(30),
+            buffer_budget: BufferBudget::process(),
             max_response_body: 1024 * 1024,
             in_flight_wait: Duration::from_secs(2),
             retry_after: Duration::from_secs(1),

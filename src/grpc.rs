@@ -36,12 +36,16 @@
 //!
 //! ## What the layer does with a gRPC call ([contract §3](crate::contract#3-answers), gRPC column)
 //!
-//! - **Which calls.** A request is gRPC when its content type is `application/grpc`,
-//!   `application/grpc+…` or `application/grpc-…` ([`is_grpc`]). It is guarded when its path is
-//!   named in `grpc_methods`, and passes through untouched otherwise; the HTTP method rule
-//!   (`methods`) never decides for gRPC. The [`TonicLayer`] serves tonic's own request body
-//!   type; the plain layer recognises gRPC the same way for bodies that are `From<Bytes>` (a
-//!   tonic service nested in an axum router).
+//! - **Which calls.** A request whose path is named in `grpc_methods` is guarded as a gRPC
+//!   call, whatever its content type. A gRPC call to another method (content type
+//!   `application/grpc`, `application/grpc+…` or `application/grpc-…`, [`is_grpc`]) passes
+//!   through the [`TonicLayer`] untouched. The plain layer (bodies that are `From<Bytes>`, on
+//!   axum routes) never lets a content type decide: a request with a gRPC content type on a
+//!   path not named in `grpc_methods` is judged by the HTTP method rule (`methods`) like any
+//!   other request, so a client cannot take a guarded HTTP route out of the layer by sending
+//!   `Content-Type: application/grpc`. Put the plain layer on the routes it guards, not around
+//!   a nested tonic service whose other methods must pass through (or give that layer
+//!   `methods([])`).
 //! - **The key** is the `idempotency-key` metadata (or the name given to
 //!   [`header`](crate::IdempotencyLayer::header)), under the same rules as the HTTP header (an
 //!   sf-string or a bare token, 1 to 255 visible ASCII characters, exactly one).
@@ -82,6 +86,8 @@
 //! | original still in flight after the bounded wait | `ABORTED` | `idempotency_request_in_flight` |
 //! | an earlier attempt's outcome is unknown | `ABORTED` | `idempotency_outcome_unknown` |
 //! | request over the buffer limit | `RESOURCE_EXHAUSTED` | `idempotency_body_too_large` |
+//! | request not complete within the body deadline | `DEADLINE_EXCEEDED` | `idempotency_body_timeout` |
+//! | buffer budget spent (refused before reading) | `UNAVAILABLE` | `idempotency_buffer_budget_exhausted` |
 //! | store unreachable, or commit uncertain | `UNAVAILABLE` | `idempotency_store_unavailable`, `idempotency_commit_uncertain` |
 //! | answer too large to store, handle kept, answer failed | `INTERNAL` | `idempotency_response_too_large`, … |
 //! | no scope | `UNAUTHENTICATED` | `idempotency_scope_missing` |
@@ -155,6 +161,7 @@ use crate::BoxError;
 use crate::body::IdempotencyBody;
 use crate::future::ResponseFuture;
 use crate::layer::IdempotencyLayer;
+use crate::protocol::UnnamedGrpc;
 pub use crate::protocol::grpc::{GRPC_STATUS, GrpcClassifier, grpc_status, is_grpc, is_rejection, reject};
 use crate::service::IdempotencyService;
 use crate::store::Store;
@@ -242,7 +249,11 @@ where
     }
 
     fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
-        self.service.call_with(request, |bytes| tonic::body::Body::new(http_body_util::Full::new(bytes)))
+        self.service.call_with(
+            request,
+            |bytes| tonic::body::Body::new(http_body_util::Full::new(bytes)),
+            UnnamedGrpc::PassThrough,
+        )
     }
 }
 
@@ -255,7 +266,8 @@ mod tests {
     use tonic::{Code, Status};
 
     /// The plain layer (bodies that are `From<Bytes>`) recognises gRPC too: a named method is
-    /// guarded whatever the HTTP method rule says, an unnamed one passes through untouched.
+    /// guarded whatever the HTTP method rule says; an unnamed one is judged by the HTTP method
+    /// rule (here PATCH only, so a POST passes through).
     #[tokio::test]
     async fn plain_layer_guards_named_grpc_methods_only_whatever_the_http_method_rule() {
         use http_body_util::{BodyExt, Full};

@@ -4,6 +4,13 @@
 //! clients send, such as an unquoted UUID). It must be 1 to 255 visible ASCII characters after
 //! parsing, and the request must carry exactly one `Idempotency-Key` field.
 //!
+//! A key with a control character (NUL, CR, LF, DEL, any byte below `0x20` but the tab)
+//! never reaches the layer: such a byte is not allowed in an HTTP field value, so hyper refuses
+//! the request before any service runs (over HTTP/1.1 with a bare `400 Bad Request`, without
+//! problem+json or a `code`; over HTTP/2 the codec rejects the malformed request). What HTTP
+//! does allow in a field value but a key does not (a tab or space inside a quoted key, bytes
+//! above `0x7E`) reaches the layer and is refused with 400 `idempotency_key_invalid`.
+//!
 //! ```
 //! use http::HeaderMap;
 //! use tower_idempotency::key::{parse_key, KeyError};

@@ -7,6 +7,7 @@ use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
+use crate::budget::BufferBudget;
 use crate::config::{Config, RolloutSwitch, ScopeSource};
 use crate::fingerprint::FingerprintSpec;
 use crate::key::Scope;
@@ -108,6 +109,24 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// The deadline for reading a guarded request's whole body, from the moment the layer starts
+    /// reading it (default 30 s). A body still incomplete then is answered with 408
+    /// `idempotency_body_timeout` (gRPC `DEADLINE_EXCEEDED`), and nothing is claimed.
+    pub fn body_timeout(mut self, timeout: Duration) -> Self {
+        self.config.body_timeout = timeout;
+        self
+    }
+
+    /// The budget of request-body bytes this layer may buffer at once, shared with every layer
+    /// given the same budget (default: [`BufferBudget::process`], 64 MiB, shared by every layer
+    /// of the process). A request whose body does not fit is refused before it is read, with
+    /// 503 `idempotency_buffer_budget_exhausted` and `Retry-After`; see [`BufferBudget`] for
+    /// what a request is charged.
+    pub fn buffer_budget(mut self, budget: BufferBudget) -> Self {
+        self.config.buffer_budget = budget;
+        self
+    }
+
     /// The largest response stored, in bytes (default 1 MiB); a larger one is rolled back and
     /// answered with 500 `idempotency_response_too_large`.
     pub fn max_response_body(mut self, bytes: usize) -> Self {
@@ -186,9 +205,12 @@ impl<St: Store> IdempotencyLayer<St> {
     /// The gRPC methods this layer guards, by path: `/package.Service/Method` (a missing
     /// leading `/` is added). Feature `tonic`.
     ///
-    /// A request is gRPC when its content type is `application/grpc` (or `application/grpc+…`,
-    /// `application/grpc-…`); it is guarded only when its method is named here, and passes
-    /// through untouched otherwise, whatever [`methods`](Self::methods) says. Name unary
+    /// A request to a path named here is guarded as a gRPC call, whatever its content type
+    /// and whatever [`methods`](Self::methods) says. A gRPC call (content type
+    /// `application/grpc`, `application/grpc+…`, `application/grpc-…`) to another method
+    /// passes through the tonic adapter ([`into_tonic`](Self::into_tonic)) untouched; the plain
+    /// layer judges it by [`methods`](Self::methods) like any request, so a content type is
+    /// never a way around a guarded route. Name unary
     /// (or client-streaming) methods only: the layer buffers the whole request and the whole
     /// answer, which a bidirectional stream cannot wait for. See [`grpc`](crate::grpc).
     #[cfg(feature = "tonic")]

@@ -125,6 +125,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
+mod budget;
 mod buffer;
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
@@ -156,6 +157,7 @@ pub mod store;
 pub mod testkit;
 
 pub use body::IdempotencyBody;
+pub use budget::BufferBudget;
 pub use config::{RolloutMode, RolloutSwitch};
 pub use context::IdempotencyContext;
 #[cfg(feature = "redis")]

@@ -57,6 +57,10 @@ pub enum ProblemCode {
     /// 500: a handler asked for a transaction handle on a route without an atomic SQL store
     /// behind the layer (a misconfiguration: the handler did not run).
     TransactionMissing,
+    /// 408: the request body did not arrive whole within the layer's body deadline.
+    BodyTimeout,
+    /// 503: the process's budget for buffered request bodies is spent; the body was not read.
+    BufferBudgetExhausted,
 }
 
 impl ProblemCode {
@@ -79,6 +83,8 @@ impl ProblemCode {
             ProblemCode::ScopeMissing => "idempotency_scope_missing",
             ProblemCode::ContextMissing => "idempotency_context_missing",
             ProblemCode::TransactionMissing => "idempotency_transaction_missing",
+            ProblemCode::BodyTimeout => "idempotency_body_timeout",
+            ProblemCode::BufferBudgetExhausted => "idempotency_buffer_budget_exhausted",
         }
     }
 
@@ -101,6 +107,8 @@ impl ProblemCode {
             ProblemCode::ScopeMissing => "Idempotency scope missing",
             ProblemCode::ContextMissing => "Idempotency context missing",
             ProblemCode::TransactionMissing => "Idempotency transaction missing",
+            ProblemCode::BodyTimeout => "Request body too slow",
+            ProblemCode::BufferBudgetExhausted => "Request buffer budget exhausted",
         }
     }
 
@@ -118,6 +126,8 @@ impl ProblemCode {
             | ProblemCode::ContextMissing
             | ProblemCode::TransactionMissing => StatusCode::INTERNAL_SERVER_ERROR,
             ProblemCode::ScopeMissing => StatusCode::UNAUTHORIZED,
+            ProblemCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProblemCode::BufferBudgetExhausted => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -135,6 +145,8 @@ impl ProblemCode {
             | ProblemCode::ContextMissing
             | ProblemCode::TransactionMissing => 13, // INTERNAL
             ProblemCode::ScopeMissing => 16,                                                      // UNAUTHENTICATED
+            ProblemCode::BodyTimeout => 4,                                                        // DEADLINE_EXCEEDED
+            ProblemCode::BufferBudgetExhausted => 14,                                             // UNAVAILABLE
         }
     }
 }

@@ -12,6 +12,7 @@ use tower_service::Service;
 
 use crate::BoxError;
 use crate::body::IdempotencyBody;
+use crate::budget::Reservation;
 use crate::buffer::{self, ReadError};
 use crate::config::{Config, RolloutMode};
 use crate::context::IdempotencyContext;
@@ -20,7 +21,7 @@ use crate::future::ResponseFuture;
 use crate::key::RecordId;
 use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
-use crate::protocol::{Classified, Protocol, Protocols};
+use crate::protocol::{Classified, Protocol, Protocols, UnnamedGrpc};
 use crate::record::{Record, RecordState, StoredResponse};
 use crate::store::{Begin, BeginRequest, Claim, FinishError, Outcome, Store, StoreError};
 
@@ -85,7 +86,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        self.call_with(request, ReqBody::from)
+        self.call_with(request, ReqBody::from, UnnamedGrpc::HttpRules)
     }
 }
 
@@ -106,6 +107,7 @@ impl<S, St> IdempotencyService<S, St> {
         &mut self,
         request: Request<ReqBody>,
         rebuild: fn(Bytes) -> ReqBody,
+        unnamed_grpc: UnnamedGrpc,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -119,7 +121,7 @@ impl<S, St> IdempotencyService<S, St> {
         ResBody::Error: Into<BoxError>,
     {
         let protocol = match self.config.rollout.get() {
-            RolloutMode::Enforce => self.protocols.guard(&request),
+            RolloutMode::Enforce => self.protocols.guard(&request, unnamed_grpc),
             _ => None,
         };
         let Some(protocol) = protocol else {
@@ -169,9 +171,10 @@ where
     let operation = protocol.operation(&parts);
     let id = RecordId::new(&scope, &operation, &key);
 
-    // 2. Buffer the body within the limit, and fingerprint the request.
-    let body = match buffer_request_body(&parts.headers, body, config.max_request_body).await {
-        Ok(body) => body,
+    // 2. Buffer the body within the limit, the budget and the deadline, and fingerprint the
+    //    request. The reservation is held until the handler has answered.
+    let (body, reservation) = match buffer_request_body(&parts.headers, body, &config).await {
+        Ok(buffered) => buffered,
         Err(problem) => return refuse(problem),
     };
     let fingerprint = fingerprint::fingerprint(&parts.method, &parts.uri, &parts.headers, &body, &config.fingerprint);
@@ -184,7 +187,19 @@ where
         .retention(config.retention);
     let claim = match store.begin(begin).await {
         Ok(Begin::Claimed(claim)) => claim,
-        Ok(Begin::Existing(record)) => return Ok(answer_existing(&config, &protocol, &id, &fingerprint, record)),
+        Ok(Begin::Existing(record)) => {
+            let same = same_request(&record.fingerprint, &fingerprint, |version| {
+                fingerprint::fingerprint_with_version(
+                    version,
+                    &parts.method,
+                    &parts.uri,
+                    &parts.headers,
+                    &body,
+                    &config.fingerprint,
+                )
+            });
+            return Ok(answer_existing(&config, &protocol, &id, same, record));
+        }
         Ok(Begin::InFlight { retry_after }) => {
             tracing::debug!(record = %id, "idempotency: duplicate still in flight after the bounded wait");
             return refuse(
@@ -203,7 +218,9 @@ where
     if let Some(handle) = claim.handle() {
         parts.extensions.insert(handle);
     }
-    let response = inner.call(Request::from_parts(parts, rebuild(body))).await?;
+    let response = inner.call(Request::from_parts(parts, rebuild(body))).await;
+    drop(reservation);
+    let response = response?;
 
     // 5. Classify the response (from its head, or else from its trailers once it is read),
     //    store it with the claim, and answer only once it is settled.
@@ -250,32 +267,82 @@ async fn release<C: Claim>(claim: C, id: &RecordId) {
     }
 }
 
-/// Buffers the request body, refusing before reading when `Content-Length` is over the limit
-/// and never buffering past it otherwise.
-async fn buffer_request_body<B>(headers: &http::HeaderMap, body: B, limit: usize) -> Result<Bytes, Problem>
+/// Buffers the request body: refused before it is read when its `Content-Length` is over the
+/// limit or does not fit the buffer budget; without one, charged chunk by chunk and refused
+/// when the budget cannot take the next (see [`BufferBudget`](crate::BufferBudget)); never
+/// buffered past its declared length; refused when it is not complete within the body
+/// deadline. Returns the body and its reservation, cut down to the body's length.
+async fn buffer_request_body<B>(
+    headers: &http::HeaderMap,
+    body: B,
+    config: &Config,
+) -> Result<(Bytes, Reservation), Problem>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
+    let limit = config.max_request_body;
     let too_large =
         || Problem::new(ProblemCode::BodyTooLarge, format!("the request body is larger than {limit} bytes"));
     let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(too_large());
-    }
-    match buffer::read_to_end(body, limit).await {
-        Ok((bytes, _trailers)) => Ok(bytes),
-        Err(ReadError::TooLarge) => Err(too_large()),
-        Err(ReadError::Failed) => Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read")),
+    let (charge, read_limit) = match declared {
+        Some(length) if length > limit as u64 => return Err(too_large()),
+        // At most `limit`, which is a `usize`.
+        Some(length) => (length as usize, length as usize),
+        None => (0, limit),
+    };
+    let budget_spent = || {
+        tracing::warn!("idempotency: request refused, the buffer budget is spent");
+        Problem::new(ProblemCode::BufferBudgetExhausted, "the server is buffering too many request bodies; retry later")
+            .retry_after(config.retry_after)
+    };
+    let Some(mut reservation) = config.buffer_budget.try_reserve(charge) else {
+        return Err(budget_spent());
+    };
+    // Without a declared length, each chunk is charged as it arrives.
+    let admit = |length: usize| reservation.grow_to(length);
+    let read = tokio::time::timeout(config.body_timeout, buffer::read_admitted(body, read_limit, admit)).await;
+    match read {
+        Ok(Err(ReadError::NotAdmitted)) => Err(budget_spent()),
+        Ok(Ok((bytes, _trailers))) => {
+            reservation.shrink_to(bytes.len());
+            Ok((bytes, reservation))
+        }
+        Ok(Err(ReadError::TooLarge)) if declared.is_some() => {
+            Err(Problem::new(ProblemCode::BodyUnreadable, "the request body is longer than its Content-Length"))
+        }
+        Ok(Err(ReadError::TooLarge)) => Err(too_large()),
+        Ok(Err(ReadError::Failed)) => {
+            Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read"))
+        }
+        Err(_elapsed) => Err(Problem::new(
+            ProblemCode::BodyTimeout,
+            format!("the request body did not arrive whole within {:?}", config.body_timeout),
+        )),
     }
 }
 
-/// Replays or refuses, given the record that is already there.
+/// Whether a stored record's fingerprint is this request's: compared as they are when both have
+/// the same version, else with the request's fingerprint at the record's version (computed only
+/// then, by `at_version`). A record of a version this crate does not know is another request.
+fn same_request(
+    stored: &Fingerprint,
+    request: &Fingerprint,
+    at_version: impl FnOnce(u8) -> Option<Fingerprint>,
+) -> bool {
+    if stored.version() == request.version() {
+        return stored == request;
+    }
+    at_version(stored.version()).is_some_and(|request| request == *stored)
+}
+
+/// Replays or refuses, given the record that is already there and whether it is this
+/// request's ([`same_request`]).
 fn answer_existing<B>(
     config: &Config,
     protocol: &Protocol,
     id: &RecordId,
-    fingerprint: &Fingerprint,
+    same_request: bool,
     record: Record,
 ) -> Response<IdempotencyBody<B>> {
     if record.state == RecordState::Expired {
@@ -284,7 +351,7 @@ fn answer_existing<B>(
             "this key is past its retention; use a new key for a new request",
         ));
     }
-    if record.fingerprint != *fingerprint {
+    if !same_request {
         tracing::debug!(record = %id, "idempotency: key reused with a different request");
         return protocol.refuse(
             Problem::new(ProblemCode::KeyReused, "this key was used with a different request")

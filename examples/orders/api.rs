@@ -27,6 +27,7 @@ use super::book::order::Order;
 use super::book::storage::{OrderBook, OrderTx};
 use super::create_request::{draft_from_json, require_json};
 use super::cursor::CursorCodec;
+use super::limits::RequestLimits;
 use super::problem::ApiProblem;
 
 /// The operation name of order creation: the route's stable identity for the idempotency layer.
@@ -48,6 +49,8 @@ pub(crate) struct AppState {
     pub(crate) cursors: CursorCodec,
     /// Where `created_at` comes from: the system clock, or a test's.
     pub(crate) clock: Clock,
+    /// The body deadline and the buffer budget of `POST /orders`.
+    pub(crate) limits: RequestLimits,
 }
 
 /// The service: authentication on every route, idempotency on `POST /orders` only.
@@ -56,7 +59,7 @@ pub(crate) struct AppState {
 /// (a `SqliteStore` beside `OrderBook::Sqlite`, a `PostgresStore` beside
 /// `OrderBook::Postgres`): the create handler writes through its transaction.
 pub(crate) fn app<St: Store>(state: AppState, idempotency_store: St) -> Router {
-    let idempotency = IdempotencyLayer::new(idempotency_store).operation(CREATE_OPERATION);
+    let idempotency = state.limits.apply(IdempotencyLayer::new(idempotency_store).operation(CREATE_OPERATION));
     // `layer` on a method router wraps only the handlers added before it: POST is guarded,
     // the GET added afterwards is not.
     let orders = post(create_order).layer(idempotency).get(list_orders);

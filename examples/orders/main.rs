@@ -77,6 +77,18 @@
 //!   duplicates kept off the database. Redis is never what keeps the promise; while it is down
 //!   the service runs on its database alone. Services with their own databases may share one
 //!   Redis: each database's deployment secret namespaces and seals its entries.
+//! - `ORDERS_BODY_TIMEOUT_SECS` (default 30): a `POST /orders` body not complete within this
+//!   many seconds is answered 408 `idempotency_body_timeout` (a client that stalls mid-body
+//!   holds nothing for longer).
+//! - `ORDERS_BUFFER_BUDGET_BYTES` (default 67108864, 64 MiB; at least 1048576): the bytes of
+//!   `POST /orders` bodies held in memory at once. A request whose body does not fit is refused
+//!   before it is read with 503 `idempotency_buffer_budget_exhausted` and `Retry-After: 1`. A
+//!   body is charged its `Content-Length`; one without is charged as it arrives (and refused
+//!   the same way when the budget cannot take its next chunk).
+//!
+//! It speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, with limits on what
+//! one connection can hold: 32 concurrent streams, 16 KiB of headers, 30 s for an HTTP/1.1
+//! request head, bounded flow-control windows and resets (the table is in `serve.rs`).
 //!
 //! Create an order:
 //!
@@ -178,7 +190,9 @@
 //! - `cursor`: the signed pagination cursors;
 //! - `problem`: every error answer;
 //! - `book`: the orders, their rules and their table, shared with the gRPC example;
-//! - `startup` and `shutdown`: opening the database, and stopping cleanly.
+//! - `limits`: the body deadline and the buffer budget, from the environment;
+//! - `startup`, `serve` and `shutdown`: opening the database, serving HTTP/1.1 and HTTP/2 with
+//!   limits, and stopping cleanly.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -190,12 +204,15 @@ mod auth;
 mod book;
 mod create_request;
 mod cursor;
+mod limits;
 mod problem;
+mod serve;
 mod shutdown;
 mod startup;
 
 use book::created_at::CreatedAt;
 use cursor::CursorCodec;
+use limits::RequestLimits;
 use shutdown::shutdown_signal;
 
 #[tokio::main]
@@ -215,11 +232,12 @@ async fn main() -> ExitCode {
 async fn serve() -> Result<(), BoxError> {
     let address = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let cursors = CursorCodec::from_env()?;
+    let limits = RequestLimits::from_env()?;
     let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
-    let (router, orders) = startup::open(database_url.as_deref(), cursors, Arc::new(CreatedAt::now)).await?;
+    let (router, orders) = startup::open(database_url.as_deref(), cursors, limits, Arc::new(CreatedAt::now)).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!("listening on {}", listener.local_addr()?);
-    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+    serve::serve(listener, router, shutdown_signal()).await?;
     // In-flight requests have finished (their transactions are committed or rolled back):
     // close the database connections.
     orders.close().await;

@@ -14,21 +14,22 @@ use tower_idempotency::{BoxError, SqliteStore, Store};
 use super::api::{AppState, Clock, app};
 use super::book::storage::{DEFAULT_SQLITE_FILE, OrderBook, connect_sqlite};
 use super::cursor::CursorCodec;
+use super::limits::RequestLimits;
 
 /// Opens the database `database_url` names (see *Storage* in `main.rs`), creates what is
 /// missing, and returns the service with its order book.
 pub(crate) async fn open(
     database_url: Option<&str>,
     cursors: CursorCodec,
+    limits: RequestLimits,
     clock: Clock,
 ) -> Result<(Router, OrderBook), BoxError> {
+    let state = |orders: &OrderBook| AppState { orders: orders.clone(), cursors, limits, clock };
     match database_url {
-        None => open_sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE), cursors, clock).await,
-        Some(url) if url.starts_with("sqlite:") => {
-            open_sqlite(SqliteConnectOptions::from_str(url)?, cursors, clock).await
-        }
+        None => open_sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE), state).await,
+        Some(url) if url.starts_with("sqlite:") => open_sqlite(SqliteConnectOptions::from_str(url)?, state).await,
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            open_postgres(url, cursors, clock).await
+            open_postgres(url, state).await
         }
         // Not echoed: the URL may carry a password.
         Some(_) => Err("DATABASE_URL must start with sqlite:, postgres:// or postgresql://".into()),
@@ -38,8 +39,7 @@ pub(crate) async fn open(
 /// SQLite: the file of `options`, created if missing.
 async fn open_sqlite(
     options: SqliteConnectOptions,
-    cursors: CursorCodec,
-    clock: Clock,
+    state: impl FnOnce(&OrderBook) -> AppState,
 ) -> Result<(Router, OrderBook), BoxError> {
     eprintln!("orders: storage is SQLite, {}", options.get_filename().display());
     let pool = connect_sqlite(options).await?;
@@ -49,12 +49,12 @@ async fn open_sqlite(
     store.migrate().await?;
     let orders = OrderBook::Sqlite(pool);
     orders.create_table().await?;
-    Ok((with_fast_path(AppState { orders: orders.clone(), cursors, clock }, store)?, orders))
+    Ok((with_fast_path(state(&orders), store)?, orders))
 }
 
 /// PostgreSQL: the existing database `url` names.
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str, cursors: CursorCodec, clock: Clock) -> Result<(Router, OrderBook), BoxError> {
+async fn open_postgres(url: &str, state: impl FnOnce(&OrderBook) -> AppState) -> Result<(Router, OrderBook), BoxError> {
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(super::book::storage::POOL_ACQUIRE_TIMEOUT)
@@ -67,12 +67,15 @@ async fn open_postgres(url: &str, cursors: CursorCodec, clock: Clock) -> Result<
     let orders = OrderBook::Postgres(pool);
     orders.create_table().await?;
     eprintln!("orders: storage is PostgreSQL");
-    Ok((with_fast_path(AppState { orders: orders.clone(), cursors, clock }, store)?, orders))
+    Ok((with_fast_path(state(&orders), store)?, orders))
 }
 
 /// PostgreSQL in a build without the `postgres` feature: refuse to start, and say how to fix it.
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(_url: &str, _cursors: CursorCodec, _clock: Clock) -> Result<(Router, OrderBook), BoxError> {
+async fn open_postgres(
+    _url: &str,
+    _state: impl FnOnce(&OrderBook) -> AppState,
+) -> Result<(Router, OrderBook), BoxError> {
     Err("DATABASE_URL names a PostgreSQL database, but this build has no PostgreSQL support; \
          build with `--features postgres`: cargo run --features postgres --example orders"
         .into())

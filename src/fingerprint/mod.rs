@@ -8,7 +8,7 @@
 //! # What goes in
 //!
 //! SHA-256 over a domain-separation prefix naming the algorithm version
-//! (`tower-idempotency/fingerprint/v1\0`), then these fields, each
+//! (`tower-idempotency/fingerprint/v2\0`), then these fields, each
 //! length-prefixed (a `u64` big-endian byte count, then the bytes) and lists
 //! preceded by a `u64` big-endian item count, so that no two different
 //! requests frame to the same byte stream:
@@ -17,9 +17,8 @@
 //! 2. the path, as sent (not decoded);
 //! 3. the query pairs, percent-decoded (`+` is a space) and sorted by
 //!    (name, value): `?a=1&b=2` and `?b=2&a=1` agree;
-//! 4. the `Content-Type` values: the media type essence lowercased, then the
-//!    parameters as given after the first `;`, trimmed
-//!    (`Application/JSON; charset=utf-8` → `application/json;charset=utf-8`);
+//! 4. the `Content-Type` values, each as its normalised media type (see
+//!    [below](#the-media-type));
 //! 5. each header the route declares ([`FingerprintSpec::include_header`]),
 //!    in the order declared: its lowercase name, then all its values in order;
 //! 6. a body-kind tag byte and the canonical body:
@@ -35,6 +34,39 @@
 //! Percent-decoding keeps bytes as bytes: `%FF` and `%FE` stay different
 //! even though neither is UTF-8 (unlike `form_urlencoded::parse`, which would
 //! turn both into U+FFFD).
+//!
+//! # The media type
+//!
+//! Each `Content-Type` value is parsed as a media type (RFC 9110 §8.3.1:
+//! `type/subtype *( OWS ";" OWS name "=" value )`, a value being a token or
+//! a quoted string) and written again one fixed way:
+//!
+//! - the essence (`type/subtype`) trimmed and lowercased;
+//! - each parameter's name trimmed and lowercased; its value trimmed and,
+//!   when quoted, unquoted (`\x` is `x`); the value of `charset` lowercased
+//!   (charset names are case-insensitive); empty parameters (`;;`) dropped;
+//! - for JSON (`application/json`, `*/*+json`), `charset=utf-8` dropped:
+//!   JSON is UTF-8 (RFC 8259 §8.1), so `application/json` and
+//!   `application/json; charset=UTF-8` are the same request;
+//! - the parameters sorted by (name, value) bytes, duplicates kept;
+//! - written as `essence;name=value;…`, a value quoted (`"` and `\`
+//!   escaped) when it is empty or not a token, a parameter without `=` as
+//!   its bare name.
+//!
+//! So `Application/JSON; Charset="UTF-8"` is `application/json`, and
+//! `text/plain; format=flowed; charset=UTF-8` is
+//! `text/plain;charset=utf-8;format=flowed`. Other parameter values keep
+//! their case (`boundary` values are case-sensitive).
+//!
+//! # Version 1
+//!
+//! Records stored before version 2 carry version 1, which differs only in
+//! its prefix (`tower-idempotency/fingerprint/v1\0`) and in the media type:
+//! the essence lowercased, then the parameters exactly as given after the
+//! first `;`, trimmed (`Application/JSON; charset=utf-8` →
+//! `application/json;charset=utf-8`). The layer compares a version-1 record
+//! with the version-1 fingerprint of the request
+//! ([`fingerprint_with_version`]), computed only then.
 //!
 //! # Canonical JSON
 //!
@@ -114,11 +146,14 @@ mod json;
 
 use json::{Pointer, Scratch};
 
-/// Version of the fingerprint algorithm stored with every record.
-pub const FINGERPRINT_VERSION: u8 = 1;
+/// Version of the fingerprint algorithm that [`fingerprint`] computes and new records store.
+pub const FINGERPRINT_VERSION: u8 = 2;
 
-/// Domain-separation prefix of the hash input for [`FINGERPRINT_VERSION`] 1.
-const DOMAIN: &[u8] = b"tower-idempotency/fingerprint/v1\0";
+/// Domain-separation prefix of the hash input for version 1.
+const DOMAIN_V1: &[u8] = b"tower-idempotency/fingerprint/v1\0";
+
+/// Domain-separation prefix of the hash input for version 2.
+const DOMAIN_V2: &[u8] = b"tower-idempotency/fingerprint/v2\0";
 
 /// Default for [`FingerprintSpec::max_json_depth`].
 const DEFAULT_MAX_JSON_DEPTH: usize = 64;
@@ -321,8 +356,20 @@ enum BodyKind {
     Raw,
 }
 
-/// Splits a `Content-Type` value into its canonical text and body kind.
-fn content_type(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
+/// The body kind of a lowercased media type essence.
+fn body_kind(essence: &[u8]) -> BodyKind {
+    if essence == b"application/json" || (essence.contains(&b'/') && essence.ends_with(b"+json")) {
+        BodyKind::Json
+    } else if essence == b"application/x-www-form-urlencoded" {
+        BodyKind::Form
+    } else {
+        BodyKind::Raw
+    }
+}
+
+/// Splits a `Content-Type` value into its canonical text and body kind, as version 1 did:
+/// the essence lowercased, the parameters as given, trimmed.
+fn content_type_v1(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
     let (essence, params) = match value.iter().position(|&b| b == b';') {
         Some(k) => (&value[..k], Some(&value[k + 1..])),
         None => (value, None),
@@ -330,14 +377,7 @@ fn content_type(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
     let essence = essence.trim_ascii();
     let start = canonical.len();
     canonical.extend(essence.iter().map(u8::to_ascii_lowercase));
-    let lower = &canonical[start..];
-    let kind = if lower == b"application/json" || (lower.contains(&b'/') && lower.ends_with(b"+json")) {
-        BodyKind::Json
-    } else if lower == b"application/x-www-form-urlencoded" {
-        BodyKind::Form
-    } else {
-        BodyKind::Raw
-    };
+    let kind = body_kind(&canonical[start..]);
     if let Some(params) = params.map(<[u8]>::trim_ascii).filter(|p| !p.is_empty()) {
         canonical.push(b';');
         canonical.extend_from_slice(params);
@@ -345,8 +385,120 @@ fn content_type(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
     kind
 }
 
-/// Computes the fingerprint of a request; see the [module docs](self) for
-/// exactly what it covers.
+/// Splits a `Content-Type` value into its normalised media type (version 2; see
+/// [the module docs](self#the-media-type)) and body kind.
+fn content_type_v2(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
+    let mut pieces = media_type::split(value).into_iter();
+    let essence = pieces.next().unwrap_or_default();
+    let start = canonical.len();
+    canonical.extend(essence.trim_ascii().iter().map(u8::to_ascii_lowercase));
+    let kind = body_kind(&canonical[start..]);
+    let mut params: Vec<media_type::Parameter> = pieces.filter_map(media_type::Parameter::parse).collect();
+    params.retain(|param| !(kind == BodyKind::Json && param.is_charset_utf8()));
+    params.sort_unstable();
+    for param in &params {
+        param.write(canonical);
+    }
+    kind
+}
+
+/// Version 2's media type parameters.
+mod media_type {
+    /// One parameter: its lowercased name and, unless it had no `=`, its unquoted value.
+    #[derive(PartialEq, Eq, PartialOrd, Ord)]
+    pub(super) struct Parameter {
+        name: Vec<u8>,
+        value: Option<Vec<u8>>,
+    }
+
+    impl Parameter {
+        /// The parameter in `piece` (the text between two `;`), `None` when it is blank.
+        pub(super) fn parse(piece: &[u8]) -> Option<Self> {
+            let piece = piece.trim_ascii();
+            if piece.is_empty() {
+                return None;
+            }
+            let Some(eq) = piece.iter().position(|&b| b == b'=') else {
+                return Some(Self { name: piece.to_ascii_lowercase(), value: None });
+            };
+            let name = piece[..eq].trim_ascii().to_ascii_lowercase();
+            let mut value = unquote(piece[eq + 1..].trim_ascii());
+            if name == b"charset" {
+                value.make_ascii_lowercase();
+            }
+            Some(Self { name, value: Some(value) })
+        }
+
+        /// Whether it is `charset=utf-8` (already lowercased).
+        pub(super) fn is_charset_utf8(&self) -> bool {
+            self.name == b"charset" && self.value.as_deref() == Some(b"utf-8")
+        }
+
+        /// Appends `;name=value`, the value quoted unless it is a non-empty token.
+        pub(super) fn write(&self, out: &mut Vec<u8>) {
+            out.push(b';');
+            out.extend_from_slice(&self.name);
+            let Some(value) = &self.value else { return };
+            out.push(b'=');
+            if !value.is_empty() && value.iter().all(|&b| is_tchar(b)) {
+                out.extend_from_slice(value);
+                return;
+            }
+            out.push(b'"');
+            for &b in value {
+                if b == b'"' || b == b'\\' {
+                    out.push(b'\\');
+                }
+                out.push(b);
+            }
+            out.push(b'"');
+        }
+    }
+
+    /// Splits a media type at every `;` outside a quoted string.
+    pub(super) fn split(value: &[u8]) -> Vec<&[u8]> {
+        let mut pieces = Vec::new();
+        let (mut start, mut quoted, mut escaped) = (0, false, false);
+        for (k, &b) in value.iter().enumerate() {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' if quoted => escaped = true,
+                b'"' => quoted = !quoted,
+                b';' if !quoted => {
+                    pieces.push(&value[start..k]);
+                    start = k + 1;
+                }
+                _ => {}
+            }
+        }
+        pieces.push(&value[start..]);
+        pieces
+    }
+
+    /// A value without its quotes and escapes when it is a quoted string; else as it is.
+    fn unquote(value: &[u8]) -> Vec<u8> {
+        let Some(inner) = value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")) else {
+            return value.to_vec();
+        };
+        let mut out = Vec::with_capacity(inner.len());
+        let mut bytes = inner.iter();
+        while let Some(&b) = bytes.next() {
+            match b {
+                b'\\' => out.extend(bytes.next()),
+                _ => out.push(b),
+            }
+        }
+        out
+    }
+
+    /// RFC 9110 `tchar`.
+    fn is_tchar(b: u8) -> bool {
+        b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    }
+}
+
+/// Computes the fingerprint of a request, at [`FINGERPRINT_VERSION`]; see the
+/// [module docs](self) for exactly what it covers.
 ///
 /// The body must be the complete request body. This never panics, whatever
 /// the body.
@@ -357,8 +509,52 @@ pub fn fingerprint(
     body: &[u8],
     spec: &FingerprintSpec,
 ) -> Fingerprint {
+    compute(FINGERPRINT_VERSION, method, uri, headers, body, spec)
+}
+
+/// The fingerprint of a request as algorithm `version` computes it (1 or 2), to compare the
+/// request with a record stored by an earlier version; `None` for a version this crate does
+/// not know.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, Method, header};
+/// use tower_idempotency::fingerprint::{FingerprintSpec, fingerprint, fingerprint_with_version};
+///
+/// let (uri, spec) = ("/orders".parse().unwrap(), FingerprintSpec::new());
+/// let mut plain = HeaderMap::new();
+/// plain.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+/// let mut utf8 = HeaderMap::new();
+/// utf8.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=UTF-8"));
+/// let v1 = |headers| fingerprint_with_version(1, &Method::POST, &uri, headers, b"{}", &spec).unwrap();
+///
+/// // Version 2 knows that JSON is UTF-8; version 1 did not.
+/// assert_eq!(fingerprint(&Method::POST, &uri, &plain, b"{}", &spec), fingerprint(&Method::POST, &uri, &utf8, b"{}", &spec));
+/// assert_ne!(v1(&plain), v1(&utf8));
+/// assert_eq!(v1(&plain).version(), 1);
+/// assert!(fingerprint_with_version(9, &Method::POST, &uri, &plain, b"{}", &spec).is_none());
+/// ```
+pub fn fingerprint_with_version(
+    version: u8,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+    spec: &FingerprintSpec,
+) -> Option<Fingerprint> {
+    matches!(version, 1 | 2).then(|| compute(version, method, uri, headers, body, spec))
+}
+
+/// The fingerprint at `version` (1 or 2).
+fn compute(
+    version: u8,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+    spec: &FingerprintSpec,
+) -> Fingerprint {
     let mut h = Hasher(Sha256::new());
-    h.0.update(DOMAIN);
+    h.0.update(if version == 1 { DOMAIN_V1 } else { DOMAIN_V2 });
     h.field(method.as_str().as_bytes());
     h.field(uri.path().as_bytes());
 
@@ -370,13 +566,14 @@ pub fn fingerprint(
         h.field(value);
     }
 
+    let content_type = if version == 1 { content_type_v1 } else { content_type_v2 };
     with_scratch(|scratch| {
         // One buffer, reused across calls, for the content type and the body.
         let mut canonical = std::mem::take(&mut scratch.output);
-        let digest = finish(h, headers, body, spec, scratch, &mut canonical);
+        let digest = finish(h, headers, body, spec, content_type, scratch, &mut canonical);
         canonical.clear();
         scratch.output = canonical;
-        Fingerprint { version: FINGERPRINT_VERSION, digest }
+        Fingerprint { version, digest }
     })
 }
 
@@ -386,6 +583,7 @@ fn finish(
     headers: &HeaderMap,
     body: &[u8],
     spec: &FingerprintSpec,
+    content_type: fn(&[u8], &mut Vec<u8>) -> BodyKind,
     scratch: &mut Scratch,
     canonical: &mut Vec<u8>,
 ) -> [u8; 32] {

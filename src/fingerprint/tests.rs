@@ -369,26 +369,19 @@ fn fingerprint_accessors_and_debug_show_version_and_hex() {
     let f = fp("/o", &HeaderMap::new(), b"x", &spec);
     assert_eq!(f.version(), FINGERPRINT_VERSION);
     assert_eq!(Fingerprint::from_parts(f.version(), *f.digest()), f);
-    assert_ne!(Fingerprint::from_parts(2, *f.digest()), f);
+    assert_ne!(Fingerprint::from_parts(1, *f.digest()), f);
     let hex = f.to_hex();
     assert_eq!(hex.len(), 64);
     assert!(hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
     let debug = format!("{f:?}");
-    assert!(debug.contains(&hex) && debug.contains("version: 1"), "{debug}");
+    assert!(debug.contains(&hex) && debug.contains("version: 2"), "{debug}");
     assert_eq!(Fingerprint::from_parts(1, [0xab; 32]).to_hex(), "ab".repeat(32));
 }
 
-#[test]
-fn fingerprint_is_stable_across_releases() {
-    // Pinned: changing any of this changes stored records' meaning, which
-    // needs a new FINGERPRINT_VERSION.
-    let spec = FingerprintSpec::new().include_header(HeaderName::from_static("api-version"));
-    let mut headers = json_headers();
-    headers.insert("api-version", HeaderValue::from_static("1"));
-    let f = fp("/orders?b=2&a=1", &headers, br#"{"b":1.0,"a":"x"}"#, &spec);
-
+/// The hash input of the pinned request below, with `prefix` and the media type `content_type`.
+fn pinned_input(prefix: &[u8], content_type: &[u8]) -> [u8; 32] {
     let mut expected = Vec::new();
-    expected.extend_from_slice(b"tower-idempotency/fingerprint/v1\0");
+    expected.extend_from_slice(prefix);
     let field = |out: &mut Vec<u8>, bytes: &[u8]| {
         out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
         out.extend_from_slice(bytes);
@@ -400,13 +393,97 @@ fn fingerprint_is_stable_across_releases() {
         field(&mut expected, s);
     }
     expected.extend_from_slice(&1u64.to_be_bytes());
-    field(&mut expected, b"application/json");
+    field(&mut expected, content_type);
     expected.extend_from_slice(&1u64.to_be_bytes());
     field(&mut expected, b"api-version");
     expected.extend_from_slice(&1u64.to_be_bytes());
     field(&mut expected, b"1");
     expected.push(b'J');
     field(&mut expected, br#"{"a":"x","b":1}"#);
-    let digest: [u8; 32] = Sha256::digest(&expected).into();
-    assert_eq!(f, Fingerprint::from_parts(1, digest));
+    Sha256::digest(&expected).into()
+}
+
+#[test]
+fn fingerprint_is_stable_across_releases() {
+    // Pinned: changing any of this changes stored records' meaning, which
+    // needs a new FINGERPRINT_VERSION.
+    let spec = FingerprintSpec::new().include_header(HeaderName::from_static("api-version"));
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("Application/JSON; Charset=\"UTF-8\""));
+    headers.insert("api-version", HeaderValue::from_static("1"));
+    let body = br#"{"b":1.0,"a":"x"}"#;
+    let uri = "/orders?b=2&a=1".parse().unwrap();
+
+    let v2 = fp("/orders?b=2&a=1", &headers, body, &spec);
+    let expected = pinned_input(b"tower-idempotency/fingerprint/v2\0", b"application/json");
+    assert_eq!(v2, Fingerprint::from_parts(2, expected));
+
+    let v1 = fingerprint_with_version(1, &Method::POST, &uri, &headers, body, &spec).unwrap();
+    let expected = pinned_input(b"tower-idempotency/fingerprint/v1\0", b"application/json;Charset=\"UTF-8\"");
+    assert_eq!(v1, Fingerprint::from_parts(1, expected));
+    assert_eq!(fingerprint_with_version(2, &Method::POST, &uri, &headers, body, &spec), Some(v2));
+    for unknown in [0, 3, 255] {
+        assert_eq!(fingerprint_with_version(unknown, &Method::POST, &uri, &headers, body, &spec), None);
+    }
+}
+
+/// The version-2 media type of `value`.
+fn media_type(value: &str) -> String {
+    let mut out = Vec::new();
+    content_type_v2(value.as_bytes(), &mut out);
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn media_types_are_normalised_in_version_2() {
+    let table: &[(&str, &str)] = &[
+        ("application/json", "application/json"),
+        ("application/json; charset=utf-8", "application/json"),
+        ("Application/JSON ; CHARSET = \"UTF-8\" ", "application/json"),
+        ("application/vnd.api+json;charset=UTF-8", "application/vnd.api+json"),
+        ("application/json; charset=latin1", "application/json;charset=latin1"),
+        ("application/json;;", "application/json"),
+        ("text/plain; format=flowed; charset=UTF-8", "text/plain;charset=utf-8;format=flowed"),
+        ("text/plain; charset=utf-8", "text/plain;charset=utf-8"),
+        ("multipart/form-data; boundary=AbC", "multipart/form-data;boundary=AbC"),
+        ("multipart/form-data; boundary=\"a;b\"", "multipart/form-data;boundary=\"a;b\""),
+        ("text/x; a=\"q\\\"x\"", "text/x;a=\"q\\\"x\""),
+        ("text/x; a=\"\"", "text/x;a=\"\""),
+        ("text/x; a", "text/x;a"),
+        ("text/x; b=1; a=2; a=1", "text/x;a=1;a=2;b=1"),
+        ("", ""),
+    ];
+    for (value, expected) in table {
+        assert_eq!(media_type(value), *expected, "{value:?}");
+    }
+    // Different parameters stay different.
+    for (a, b) in [
+        ("text/x; a", "text/x; a=\"\""),
+        ("text/x; a=\"b;c=d\"", "text/x; a=b; c=d"),
+        ("multipart/form-data; boundary=a", "multipart/form-data; boundary=A"),
+        ("application/json; charset=utf-16", "application/json"),
+    ] {
+        assert_ne!(media_type(a), media_type(b), "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn a_json_charset_of_utf_8_is_the_same_request_in_version_2_only() {
+    let spec = FingerprintSpec::new();
+    let with = |ct: &'static str| {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+        h
+    };
+    let body = br#"{"a":1}"#;
+    let uri: Uri = "/o".parse().unwrap();
+    let v1 = |ct| fingerprint_with_version(1, &Method::POST, &uri, &with(ct), body, &spec).unwrap();
+    for (a, b) in [
+        ("application/json", "application/json; charset=utf-8"),
+        ("application/json; charset=utf-8", "application/json; charset=UTF-8"),
+        ("text/plain; charset=utf-8", "text/plain; charset=UTF-8"),
+    ] {
+        assert_eq!(fp("/o", &with(a), body, &spec), fp("/o", &with(b), body, &spec), "{a} vs {b}");
+        assert_ne!(v1(a), v1(b), "{a} vs {b} in version 1");
+    }
 }

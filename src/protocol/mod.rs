@@ -6,7 +6,7 @@
 //!
 //! | question | HTTP | gRPC (feature `tonic`) |
 //! |---|---|---|
-//! | guarded at all? ([`Protocols::guard`]) | the method is in `methods` (POST, PATCH) | `content-type: application/grpc*` and the path is in `grpc_methods` |
+//! | guarded at all? ([`Protocols::guard`]) | the method is in `methods` (POST, PATCH), whatever the content type | the path is in `grpc_methods`, whatever the content type |
 //! | the key ([`Protocol::read_key`]) | the `Idempotency-Key` header | the `idempotency-key` metadata (the same HTTP/2 field) |
 //! | the operation ([`Protocol::operation`]) | explicit name, else `MatchedPath`, else method and path | the method path, `/package.Service/Method` |
 //! | success ([`Protocol::classify`]) | the status code (marker, route rule, 1xx–3xx), from the head | `grpc-status` from the headers (trailers-only) or else the trailers; OK completes |
@@ -54,18 +54,41 @@ impl Protocols {
     /// The guard decision: the protocol of a request the layer guards, or `None` when it passes
     /// through untouched.
     ///
-    /// A gRPC request (any `application/grpc*` content type) is guarded only when its method
-    /// is named in `grpc_methods`; the HTTP method rule never decides for it (every gRPC call
-    /// is a POST). So a request with a gRPC content type on an HTTP route, whose path is not a
-    /// named gRPC method, passes through unguarded (a known hole, left as it is for now).
-    pub(crate) fn guard<B>(&self, request: &Request<B>) -> Option<Protocol> {
+    /// A request is either guarded or refused whenever its route is guarded; nothing the client
+    /// sends other than the method itself (content type, override headers) moves it out:
+    ///
+    /// 1. A path named in `grpc_methods` is guarded as gRPC, whatever its content type.
+    /// 2. A request with a gRPC content type on any other path is judged by the HTTP method
+    ///    rule, like any HTTP request, through the plain layer; through the tonic adapter
+    ///    ([`UnnamedGrpc::PassThrough`]) it is an unnamed method of a gRPC server and passes
+    ///    through.
+    /// 3. Every other request is guarded when its method is in `methods`. The method is the
+    ///    request's own: `X-HTTP-Method-Override` and the like are never read.
+    #[cfg_attr(not(feature = "tonic"), allow(unused_variables))]
+    pub(crate) fn guard<B>(&self, request: &Request<B>, unnamed_grpc: UnnamedGrpc) -> Option<Protocol> {
         #[cfg(feature = "tonic")]
-        if grpc::is_grpc(request.headers()) {
-            let method = self.grpc.guarded_method(request.uri().path())?;
-            return Some(Protocol::Grpc { rules: self.grpc.clone(), method });
+        {
+            if let Some(method) = self.grpc.guarded_method(request.uri().path()) {
+                return Some(Protocol::Grpc { rules: self.grpc.clone(), method });
+            }
+            if unnamed_grpc == UnnamedGrpc::PassThrough && grpc::is_grpc(request.headers()) {
+                return None;
+            }
         }
         self.http.guards(request.method()).then(|| Protocol::Http(self.http.clone()))
     }
+}
+
+/// What the layer does with a gRPC call to a method not named in `grpc_methods`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum UnnamedGrpc {
+    /// The HTTP method rule decides, as for any request (the plain layer: a gRPC content type
+    /// on an HTTP route must not be a way around the layer).
+    HttpRules,
+    /// It passes through (the tonic adapter, in front of a gRPC server whose other methods
+    /// are not guarded).
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    PassThrough,
 }
 
 /// The protocol of a guarded request, with its rules.

@@ -250,6 +250,12 @@ impl Call {
         self
     }
 
+    /// Another `Content-Type` value (default `application/json`).
+    pub fn content_type(mut self, content_type: &'static str) -> Self {
+        self.content_type = content_type;
+        self
+    }
+
     /// Leaves `Content-Length` out, so the limit must be enforced while reading.
     pub fn without_content_length(mut self) -> Self {
         self.declare_length = false;
@@ -476,6 +482,37 @@ case! {
         let second = client.send(&call).await;
         assert!(!first.replayed() && !second.replayed());
         assert_eq!(app.executions("/create"), 2);
+    }
+}
+
+case! {
+    /// No content type takes a guarded request out of the layer: with a gRPC content type (in
+    /// any case, with parameters) and no key, a guarded POST is refused, never run.
+    content_type_never_skips_the_layer(harness) {
+        let (app, client) = harness.build(Settings::default());
+        for content_type in
+            ["application/grpc", "application/grpc+json", "Application/GRPC+json; charset=utf-8", "application/grpc-web"]
+        {
+            let answer = client.send(&Call::post("/create", "unused").keys(&[]).content_type(content_type)).await;
+            assert_problem(&answer, 400, "idempotency_key_missing");
+        }
+        assert_eq!(app.executions("/create"), 0);
+    }
+}
+
+case! {
+    /// JSON is UTF-8 and charset names are case-insensitive: a retry that adds
+    /// `charset=utf-8`, in any case, is the same request and replays.
+    json_charset_parameter_is_the_same_request(harness) {
+        let (app, client) = harness.build(Settings::default());
+        let key = unique_key("charset");
+        let first = client.send(&Call::post("/create", &key)).await;
+        for content_type in ["application/json; charset=utf-8", "application/json;charset=UTF-8"] {
+            let retry = client.send(&Call::post("/create", &key).content_type(content_type)).await;
+            assert!(retry.replayed(), "{content_type}: {retry:?}");
+            assert_eq!(retry.body, first.body);
+        }
+        assert_eq!(app.executions("/create"), 1);
     }
 }
 

@@ -87,7 +87,8 @@ macro_rules! http_contract_suite {
             missing_key_is_refused, invalid_keys_are_refused, unguarded_methods_pass_through,
             in_flight_duplicate_gets_409_with_retry_after, waiting_duplicate_gets_the_replay,
             released_failure_executes_again, stored_failure_is_replayed, scopes_are_isolated,
-            operations_are_isolated, body_over_the_limit_is_refused, concurrent_duplicates_run_the_handler_once);
+            operations_are_isolated, body_over_the_limit_is_refused, concurrent_duplicates_run_the_handler_once,
+            content_type_never_skips_the_layer, json_charset_parameter_is_the_same_request);
     };
     (@cases $make:expr, $adjust:expr; $($case:ident),+ $(,)?) => {
         $(

@@ -22,6 +22,7 @@ use crate::orders::api::{AppState, Clock};
 use crate::orders::book::created_at::CreatedAt;
 use crate::orders::book::storage::OrderBook;
 use crate::orders::cursor::CursorCodec;
+use crate::orders::limits::RequestLimits;
 use crate::{CURSOR_SECRET, START_MICROS};
 
 #[derive(Clone, Copy, Debug)]
@@ -184,7 +185,12 @@ impl Orders {
     }
 
     fn with_clock(db: &TestDb, clock: Clock) -> Self {
-        let state = AppState { orders: db.orders.clone(), cursors: CursorCodec::new(CURSOR_SECRET), clock };
+        let state = AppState {
+            orders: db.orders.clone(),
+            cursors: CursorCodec::new(CURSOR_SECRET),
+            clock,
+            limits: RequestLimits::default(),
+        };
         Self { router: db.router(state) }
     }
 

@@ -15,6 +15,7 @@ mod orders {
     pub mod book;
     mod create_request;
     pub mod cursor;
+    pub mod limits;
     mod problem;
 }
 

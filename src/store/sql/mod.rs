@@ -76,10 +76,12 @@ impl RecordRow {
     }
 
     /// The record to answer with, as a record in `state`: with its stored response when it is a
-    /// finished record of the same request.
+    /// finished record of the same request, or of a fingerprint version other than the
+    /// request's (the layer compares those at the record's version).
     fn answer(&self, found: &Found, state: RecordState, fingerprint: &Fingerprint) -> Result<Record, StoreError> {
         let replayable = matches!(state, RecordState::Completed | RecordState::Failed);
-        if replayable && found.fingerprint == *fingerprint {
+        let comparable_here = found.fingerprint.version() == fingerprint.version();
+        if replayable && (found.fingerprint == *fingerprint || !comparable_here) {
             Ok(Record::with_response(state, found.fingerprint, self.response()?))
         } else {
             Ok(Record::new(state, found.fingerprint))
