@@ -17,7 +17,7 @@ const CACHE_FORMAT: u8 = 1;
 const CACHE_HEADER_LEN: usize = 1 + 1 + 1 + 32 + 2 + 4;
 
 /// The cached value of a finished record (see the [module docs](self)).
-pub(super) fn encode(state: RecordState, fingerprint: &Fingerprint, response: &StoredResponse) -> Vec<u8> {
+pub(crate) fn encode(state: RecordState, fingerprint: &Fingerprint, response: &StoredResponse) -> Vec<u8> {
     let fields = response.encode_fields();
     let mut value = Vec::with_capacity(CACHE_HEADER_LEN + fields.len() + response.body.len());
     value.push(CACHE_FORMAT);
@@ -32,7 +32,7 @@ pub(super) fn encode(state: RecordState, fingerprint: &Fingerprint, response: &S
 }
 
 /// Reads a value written by [`encode`]; `None` for anything else (a miss).
-pub(super) fn decode(value: &[u8]) -> Option<Record> {
+pub(crate) fn decode(value: &[u8]) -> Option<Record> {
     let (&[format, state, version], rest) = value.split_first_chunk::<3>()?;
     if format != CACHE_FORMAT {
         return None;

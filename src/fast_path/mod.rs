@@ -73,7 +73,7 @@
 
 mod begin;
 mod claim;
-mod codec;
+pub(crate) mod codec;
 mod connection;
 mod scripts;
 mod stats;
