@@ -9,7 +9,7 @@ use tower_idempotency::fuzzing::{SqlRow, decode_sql_row};
 
 const STATES: [&str; 5] = ["processing", "completed", "failed", "unknown", "expired"];
 
-fn row(u: &mut Unstructured<'_>) -> Result<SqlRow> {
+fn row(mut u: Unstructured<'_>) -> Result<SqlRow> {
     let state = if u.ratio(1, 8)? { u.arbitrary()? } else { (*u.choose(&STATES)?).to_owned() };
     let fingerprint = if u.ratio(1, 8)? { u.arbitrary()? } else { u.bytes(32)?.to_vec() };
     Ok(SqlRow {
@@ -25,7 +25,7 @@ fn row(u: &mut Unstructured<'_>) -> Result<SqlRow> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(row) = row(&mut Unstructured::new(data)) else { return };
+    let Ok(row) = row(Unstructured::new(data)) else { return };
     let Ok(record) = decode_sql_row(row.clone()) else { return };
     assert_eq!(record.state.as_str(), row.state);
     assert_eq!(record.fingerprint.digest().as_slice(), row.fingerprint.as_slice());
