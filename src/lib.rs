@@ -140,6 +140,9 @@ pub mod contract {
 pub mod fast_path;
 pub mod fingerprint;
 mod future;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;

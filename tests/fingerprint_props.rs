@@ -525,3 +525,36 @@ fn huge_exponents_neither_panic_nor_allocate_unboundedly() {
     assert_eq!(canon(b"0e99999999999999999999999999999999").as_deref(), Some("0"));
     let _ = json_fp(b"1e99999999999999999999999999999999");
 }
+
+/// Found by the `json_fingerprint` fuzz target: the 18-digit limit applies to the canonical
+/// exponent, so every spelling of one number is on the same side of it (before the fix,
+/// `0.10E+1000000000000000000` fell back to raw bytes while `1e999999999999999999`, the same
+/// number, was canonicalised: the same value fingerprinted two ways).
+#[test]
+fn the_exponent_limit_applies_to_the_number_not_to_its_spelling() {
+    let largest = Some("1e999999999999999999".to_owned());
+    for text in [
+        "1e999999999999999999",
+        "0.10E+1000000000000000000",
+        "10e999999999999999998",
+        "1000e0999999999999999996",
+        "0.001e1000000000000000002",
+    ] {
+        assert_eq!(canon(text.as_bytes()), largest, "{text}");
+        assert_eq!(json_fp(text.as_bytes()), json_fp(b"1e999999999999999999"), "{text}");
+    }
+    let smallest = Some("-1e-999999999999999999".to_owned());
+    for text in ["-1e-999999999999999999", "-100e-1000000000000000001", "-0.0001e-0999999999999999995"] {
+        assert_eq!(canon(text.as_bytes()), smallest, "{text}");
+    }
+    for text in [
+        "1e1000000000000000000",
+        "10e999999999999999999",
+        "0.1e1000000000000000001",
+        "-1e-1000000000000000000",
+        "0.01e-999999999999999999",
+        "1e99999999999999999999999999999999999999999",
+    ] {
+        assert_eq!(canon(text.as_bytes()), None, "{text}: an exponent beyond 18 digits falls back to raw");
+    }
+}

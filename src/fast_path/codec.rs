@@ -22,7 +22,7 @@ const CACHE_FORMAT: u8 = 2;
 const CACHE_HEADER_LEN: usize = 1 + 1 + 1 + 32 + 2 + 4;
 
 /// The value of a finished record before its seal ([`Keying::seal`]).
-pub(super) fn encode_payload(state: RecordState, fingerprint: &Fingerprint, response: &StoredResponse) -> Vec<u8> {
+pub(crate) fn encode_payload(state: RecordState, fingerprint: &Fingerprint, response: &StoredResponse) -> Vec<u8> {
     let fields = response.encode_fields();
     let mut value = Vec::with_capacity(CACHE_HEADER_LEN + fields.len() + response.body.len());
     value.push(CACHE_FORMAT);
@@ -58,7 +58,7 @@ pub(super) fn decode(keying: &Keying, id: &RecordId, value: &[u8], now: u64) -> 
 }
 
 /// Reads a value's payload (without its MAC); `None` if it is not one.
-pub(super) fn decode_payload(value: &[u8]) -> Option<Record> {
+pub(crate) fn decode_payload(value: &[u8]) -> Option<Record> {
     let (&[format, state, version], rest) = value.split_first_chunk::<3>()?;
     if format != CACHE_FORMAT {
         return None;

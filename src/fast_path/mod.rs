@@ -101,7 +101,7 @@
 
 mod begin;
 mod claim;
-mod codec;
+pub(crate) mod codec;
 mod connection;
 mod keying;
 mod scripts;

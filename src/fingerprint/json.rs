@@ -33,6 +33,9 @@ use std::cmp::Ordering;
 /// Largest input the tape can address (offsets are `u32`).
 const MAX_INPUT: usize = (u32::MAX / 4) as usize;
 
+/// The largest canonical exponent (18 digits); a number beyond it makes the body fall back to raw.
+const MAX_EXPONENT: u128 = 999_999_999_999_999_999;
+
 /// One node of the parse tape. Containers store the tape index one past
 /// their last descendant, so siblings can be skipped in O(1).
 #[derive(Clone, Copy, Debug)]
@@ -553,18 +556,26 @@ fn canonical_number(
     if int_digits.is_empty() && frac_digits.is_empty() {
         return Some(Node::Zero);
     }
+    // The limit applies to the canonical exponent, so that every spelling of a number is on the
+    // same side of it. The input is shorter than `MAX_INPUT` bytes, so the digits' spelling
+    // moves the exponent by less than 10^10: a written exponent of more than 30 digits is
+    // beyond the limit whatever the spelling.
     let exp = match exponent {
-        None => 0i64,
+        None => 0i128,
         Some((exp_negative, digits)) => {
             let significant = digits.iter().position(|&d| d != b'0').map_or(&[][..], |k| &digits[k..]);
-            if significant.len() > 18 {
+            if significant.len() > 30 {
                 return None;
             }
-            let magnitude = significant.iter().fold(0i64, |acc, &d| acc * 10 + i64::from(d - b'0'));
+            let magnitude = significant.iter().fold(0i128, |acc, &d| acc * 10 + i128::from(d - b'0'));
             if exp_negative { -magnitude } else { magnitude }
         }
     };
-    let exp = exp.checked_sub(i64::try_from(frac.len()).ok()?)?.checked_add(i64::try_from(trailing).ok()?)?;
+    let exp = exp - i128::try_from(frac.len()).ok()? + i128::try_from(trailing).ok()?;
+    if exp.unsigned_abs() > MAX_EXPONENT {
+        return None;
+    }
+    let exp = i64::try_from(exp).ok()?;
 
     let arena_start = arena.len();
     if negative {

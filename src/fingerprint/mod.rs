@@ -79,7 +79,8 @@
 //! `1e0`, `10e-1`, `0.1e1`, `100e-2` are all `1`; `1500` is `15e2`; `0.25` is
 //! `25e-2`; `9007199254740993` stays `9007199254740993`, distinct from
 //! `9007199254740992`. Numbers never go through `f64`. A nonzero number
-//! whose exponent needs more than 18 digits makes the body fall back to raw.
+//! whose canonical exponent `E` needs more than 18 digits (however the number
+//! is spelled) makes the body fall back to raw.
 //! Strings with invalid UTF-8 or lone surrogates (`"\ud800"`) make the body
 //! invalid JSON, as does anything after the top-level value; a top-level
 //! scalar is valid.

@@ -55,7 +55,7 @@ pub(crate) struct RecordRow {
 
 impl RecordRow {
     /// The row as the shared decision sees it.
-    fn found(&self) -> Result<Found, StoreError> {
+    pub(crate) fn found(&self) -> Result<Found, StoreError> {
         let state = RecordState::parse(&self.state)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown record state {:?}", self.state)))?;
         let digest: [u8; 32] = self
@@ -88,7 +88,7 @@ impl RecordRow {
         }
     }
 
-    fn response(&self) -> Result<StoredResponse, StoreError> {
+    pub(crate) fn response(&self) -> Result<StoredResponse, StoreError> {
         let corrupt = |what: &str| StoreError::Corrupt(format!("stored response {what}"));
         let status = self.response_status.ok_or_else(|| corrupt("has no status"))?;
         let status = u16::try_from(status)
