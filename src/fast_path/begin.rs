@@ -20,7 +20,12 @@ impl<S: Store> Store for FastPath<S> {
     async fn begin(&self, request: BeginRequest<'_>) -> Result<Begin<Self::Claim>, StoreError> {
         let deadline = Instant::now() + request.wait;
         let counters = &self.link.counters;
-        let Some(keying) = self.keying().await else {
+        // Reading the deployment's secret (once, lazily) is a store call made on this request's
+        // behalf: bounded like the store's own, by the wait (at least a second); a read that
+        // runs out leaves this request to the store alone.
+        let read_until = deadline.max(Instant::now() + Duration::from_secs(1));
+        let keying = tokio::time::timeout_at(read_until, self.keying()).await.ok().flatten();
+        let Some(keying) = keying else {
             counters.unkeyed.bump();
             return self.unlocked(request, None, deadline).await;
         };
