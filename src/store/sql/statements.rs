@@ -21,7 +21,8 @@ const PROCESSING: &str = RecordState::Processing.as_str();
 #[derive(Debug)]
 pub(crate) struct Statements<D> {
     /// The record's columns as [`RecordRow`](super::RecordRow) reads them, "now" being
-    /// parameter 2.
+    /// parameter 2. Only PostgreSQL's atomic statements read it.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) columns: String,
     claim: SqlStr,
     read: SqlStr,
