@@ -65,11 +65,17 @@
 //! The first runs on SQLite (`orders.db` in the working directory) with the crate's default
 //! features; the second needs the `postgres` feature.
 //!
-//! It prints `listening on 127.0.0.1:3000` once bound, and stops cleanly on Ctrl-C or
+//! It prints `listening on 127.0.0.1:3000` once bound (then `admin listening on
+//! 127.0.0.1:3001` for the operator listener), and stops cleanly on Ctrl-C or
 //! SIGTERM. Environment:
 //!
 //! - `DATABASE_URL`: where orders and idempotency records live (see *Storage*).
 //! - `ORDERS_ADDR`: the address to bind (default `127.0.0.1:3000`; port `0` picks a free one).
+//! - `ORDERS_ADMIN_ADDR`: the operator listener's address (default `127.0.0.1:3001`; port `0`
+//!   picks a free one). It prints `admin listening on HOST:PORT` once bound, after the public
+//!   `listening on` line. See `admin.rs`.
+//! - `ORDERS_ADMIN_TOKEN`: the bearer token of the operator routes (`/admin/...`), at least 16
+//!   visible ASCII characters. Unset: every `/admin/` route answers 404.
 //! - `ORDERS_CURSOR_SECRET`: the key that signs pagination cursors, at least 16 bytes. Unset:
 //!   a random key per process (cursors then stop working after a restart).
 //! - `REDIS_URL` (`redis://127.0.0.1:6379/`, in a build with the `redis` feature): puts the
@@ -184,6 +190,7 @@
 //!
 //! One module per step, in the order a request meets them:
 //!
+//! - `admin`: the operator listener and its token;
 //! - `auth`: `Authorization: Bearer <account>` becomes the account and the idempotency scope;
 //! - `api`: the routes (idempotency on `POST /orders` only) and their handlers;
 //! - `create_request`: the body of `POST /orders`, read strictly;
@@ -199,6 +206,7 @@ use std::sync::Arc;
 
 use tower_idempotency::BoxError;
 
+mod admin;
 mod api;
 mod auth;
 mod book;
@@ -210,6 +218,7 @@ mod serve;
 mod shutdown;
 mod startup;
 
+use admin::{AdminToken, DEFAULT_ADMIN_ADDR};
 use book::created_at::CreatedAt;
 use cursor::CursorCodec;
 use limits::RequestLimits;
@@ -227,19 +236,39 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Opens the database, binds, announces `listening on <addr>` as the first line of stdout,
-/// and serves until Ctrl-C or SIGTERM.
+/// Opens the database, binds both listeners, announces `listening on <addr>` as the first line
+/// of stdout and `admin listening on <addr>` as the second, and serves until Ctrl-C or SIGTERM.
 async fn serve() -> Result<(), BoxError> {
     let address = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let admin_address = std::env::var("ORDERS_ADMIN_ADDR").unwrap_or_else(|_| DEFAULT_ADMIN_ADDR.to_owned());
+    let admin_token = AdminToken::from_env()?;
     let cursors = CursorCodec::from_env()?;
     let limits = RequestLimits::from_env()?;
     let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
-    let (router, orders) = startup::open(database_url.as_deref(), cursors, limits, Arc::new(CreatedAt::now)).await?;
+    let opened = startup::open(database_url.as_deref(), cursors, limits, Arc::new(CreatedAt::now)).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
+    let admin_listener = tokio::net::TcpListener::bind(&admin_address).await?;
     println!("listening on {}", listener.local_addr()?);
-    serve::serve(listener, router, shutdown_signal()).await?;
+    println!("admin listening on {}", admin_listener.local_addr()?);
+
+    // One signal stops both listeners.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let admin_router = opened.admin.into_router(admin_token);
+    let (api, admin) = tokio::join!(
+        serve::serve(listener, opened.api, until_stopped(stopped.clone())),
+        serve::serve(admin_listener, admin_router, until_stopped(stopped)),
+    );
+    api?;
+    admin?;
     // In-flight requests have finished (their transactions are committed or rolled back):
     // close the database connections.
-    orders.close().await;
+    opened.orders.close().await;
     Ok(())
 }

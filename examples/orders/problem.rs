@@ -59,6 +59,11 @@ impl ApiProblem {
         Self::new(StatusCode::NOT_FOUND, "order_not_found", "Order not found", "no order with this id for this account")
     }
 
+    /// 404 on the operator listener: no such route (or the operator routes are off).
+    pub(crate) fn admin_not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "Not found", "no such route on the operator listener")
+    }
+
     /// 400: `limit` is out of range or not a number.
     pub(crate) fn invalid_limit(detail: String) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_limit", "Invalid limit", detail)

@@ -11,10 +11,21 @@ use sqlx::sqlite::SqliteConnectOptions;
 use tower_idempotency::PostgresStore;
 use tower_idempotency::{BoxError, SqliteStore, Store};
 
+use super::admin::AdminRoutes;
 use super::api::{AppState, Clock, app};
 use super::book::storage::{DEFAULT_SQLITE_FILE, OrderBook, connect_sqlite};
 use super::cursor::CursorCodec;
 use super::limits::RequestLimits;
+
+/// What start-up assembles: the public API, the operator listener's routes, and the order book.
+pub(crate) struct Opened {
+    /// The public API (`ORDERS_ADDR`).
+    pub(crate) api: Router,
+    /// The routes of the operator listener (`ORDERS_ADMIN_ADDR`).
+    pub(crate) admin: AdminRoutes,
+    /// The orders, closed on shutdown.
+    pub(crate) orders: OrderBook,
+}
 
 /// Opens the database `database_url` names (see *Storage* in `main.rs`), creates what is
 /// missing, and returns the service with its order book.
@@ -23,7 +34,7 @@ pub(crate) async fn open(
     cursors: CursorCodec,
     limits: RequestLimits,
     clock: Clock,
-) -> Result<(Router, OrderBook), BoxError> {
+) -> Result<Opened, BoxError> {
     let state = |orders: &OrderBook| AppState { orders: orders.clone(), cursors, limits, clock };
     match database_url {
         None => open_sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE), state).await,
@@ -40,7 +51,7 @@ pub(crate) async fn open(
 async fn open_sqlite(
     options: SqliteConnectOptions,
     state: impl FnOnce(&OrderBook) -> AppState,
-) -> Result<(Router, OrderBook), BoxError> {
+) -> Result<Opened, BoxError> {
     eprintln!("orders: storage is SQLite, {}", options.get_filename().display());
     let pool = connect_sqlite(options).await?;
     // One store per database, cloned wherever it is needed: the SQLite store keeps the
@@ -49,12 +60,12 @@ async fn open_sqlite(
     store.migrate().await?;
     let orders = OrderBook::Sqlite(pool);
     orders.create_table().await?;
-    Ok((with_fast_path(state(&orders), store)?, orders))
+    Ok(Opened { api: with_fast_path(state(&orders), store)?, admin: AdminRoutes::default(), orders })
 }
 
 /// PostgreSQL: the existing database `url` names.
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str, state: impl FnOnce(&OrderBook) -> AppState) -> Result<(Router, OrderBook), BoxError> {
+async fn open_postgres(url: &str, state: impl FnOnce(&OrderBook) -> AppState) -> Result<Opened, BoxError> {
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(super::book::storage::POOL_ACQUIRE_TIMEOUT)
@@ -67,15 +78,12 @@ async fn open_postgres(url: &str, state: impl FnOnce(&OrderBook) -> AppState) ->
     let orders = OrderBook::Postgres(pool);
     orders.create_table().await?;
     eprintln!("orders: storage is PostgreSQL");
-    Ok((with_fast_path(state(&orders), store)?, orders))
+    Ok(Opened { api: with_fast_path(state(&orders), store)?, admin: AdminRoutes::default(), orders })
 }
 
 /// PostgreSQL in a build without the `postgres` feature: refuse to start, and say how to fix it.
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(
-    _url: &str,
-    _state: impl FnOnce(&OrderBook) -> AppState,
-) -> Result<(Router, OrderBook), BoxError> {
+async fn open_postgres(_url: &str, _state: impl FnOnce(&OrderBook) -> AppState) -> Result<Opened, BoxError> {
     Err("DATABASE_URL names a PostgreSQL database, but this build has no PostgreSQL support; \
          build with `--features postgres`: cargo run --features postgres --example orders"
         .into())
