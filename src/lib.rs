@@ -73,6 +73,17 @@
 //! - A leased claim whose fenced completion finds the lease lost answers 503
 //!   `idempotency_commit_uncertain`: the answer could not be stored, so it is not acknowledged.
 //! - A guarded request whose body cannot be read answers 400 `idempotency_body_unreadable`.
+//! - A leased handler's heartbeat does not cancel the handler when it finds the lease lost: the
+//!   handler may be mid-way through something it must finish or undo. It sees the loss through
+//!   [`IdempotencyContext::lease_lost`], and its outcome is refused (503
+//!   `idempotency_commit_uncertain`). A heartbeat whose renewals fail (the store unreachable)
+//!   keeps trying until the lease it last renewed runs out, then counts the lease as lost.
+//! - An unsettled record's retention (`Retention::unsettled`, 30 days) is counted from its claim,
+//!   or from the moment its handler marked its outcome unknown; a reconciler that cannot decide
+//!   does not extend it. The operation name kept with a record for reconcilers is the route's
+//!   identity, never longer than 512 bytes (longer ones are not kept).
+//! - A reconciler that does not answer within `RecoveryWorker::reconcile_timeout` (30 s) counts
+//!   as "still unknown"; the record is asked about again after its backoff.
 //!
 //! ## Stores and coupling modes
 //!
