@@ -7,7 +7,7 @@ use crate::store::StateCounts;
 pub(super) fn actions(actions: &[(&'static str, usize)]) {
     for &(action, n) in actions {
         if n > 0 {
-            metrics::counter!("idempotency_recovery_total", "action" => action).increment(n as u64);
+            metrics::counter!(super::RECOVERY_TOTAL, "action" => action).increment(n as u64);
         }
     }
 }
@@ -21,8 +21,8 @@ pub(super) fn counts(counts: &StateCounts) {
         ("unknown", counts.unknown),
         ("expired", counts.expired),
     ] {
-        metrics::gauge!("idempotency_records", "state" => state).set(n as f64);
+        metrics::gauge!(super::RECORDS, "state" => state).set(n as f64);
     }
     let oldest = counts.oldest_unknown.map_or(0.0, |age| age.as_secs_f64());
-    metrics::gauge!("idempotency_oldest_unknown_seconds").set(oldest);
+    metrics::gauge!(super::OLDEST_UNKNOWN_SECONDS).set(oldest);
 }

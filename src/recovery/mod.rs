@@ -71,6 +71,16 @@ use crate::store::{
     Admin, Backoff, RecordInfo, Retention, SettleError, SettleRequest, Settlement, StateCounts, Store, StoreError,
 };
 
+/// The counter of what the worker did, labelled `action` (`marked_unknown`, `reconciled`,
+/// `released`, `purged`).
+pub const RECOVERY_TOTAL: &str = "idempotency_recovery_total";
+
+/// The gauge of records per state, labelled `state`, set from the store's counts after each pass.
+pub const RECORDS: &str = "idempotency_records";
+
+/// The gauge of the oldest `unknown` record's age in seconds (0 when there is none).
+pub const OLDEST_UNKNOWN_SECONDS: &str = "idempotency_oldest_unknown_seconds";
+
 /// A reconciler's answer about one `unknown` record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
