@@ -186,6 +186,7 @@ async fn worker_round<S: Bench>(store: &S, records: usize, batch: usize, concurr
     let report = marker.run_once().await.expect("mark pass");
     rates.mark.push(rate(records, started.elapsed()));
     assert_eq!(report.marked_unknown, records, "{report:?}");
+    eprintln!("{}: marked {records} in {:?}", store.name(), started.elapsed());
 
     let reconciler = RecoveryWorker::new(store.clone()).batch(batch).concurrency(concurrency).reconciler(
         OPERATION,
@@ -197,6 +198,7 @@ async fn worker_round<S: Bench>(store: &S, records: usize, batch: usize, concurr
     let report = reconciler.run_once().await.expect("reconcile pass");
     rates.reconcile.push(rate(records, started.elapsed()));
     assert_eq!(report.reconciled, records, "{report:?}");
+    eprintln!("{}: reconciled {records} in {:?}", store.name(), started.elapsed());
 
     store.make_forgotten().await;
     let started = Instant::now();
@@ -280,7 +282,7 @@ fn main() {
     let concurrency = env("RECOVERY_CONCURRENCY", 8);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
-        let database = BenchDatabase::create("tidem_bench_recovery", 40).await;
+        let database = BenchDatabase::create("tidem_bench_recovery", 20).await;
         let pg = PostgresStore::new(database.pool.clone()).mode(CouplingMode::Leased);
         pg.migrate().await.expect("migrate");
 
