@@ -24,6 +24,8 @@ impl Orders {
     fn start(database_url: &str, redis_url: &str) -> Orders {
         let mut child = Command::new(orders_binary())
             .env("ORDERS_ADDR", "127.0.0.1:0")
+            // A port of its own: servers of tests running at once must not share one.
+            .env("ORDERS_ADMIN_ADDR", "127.0.0.1:0")
             .env("DATABASE_URL", database_url)
             .env("REDIS_URL", redis_url)
             .stdout(Stdio::piped())
@@ -31,7 +33,11 @@ impl Orders {
             .spawn()
             .expect("start the orders example");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        stdout.read_line(&mut line).expect("first line");
+        // The second line (`admin listening on`) is read too: a pipe closed before it is
+        // written would make the server's print fail, and the server stop.
+        stdout.read_line(&mut String::new()).expect("second line");
         let addr = line
             .trim()
             .strip_prefix("listening on ")
