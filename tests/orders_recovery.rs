@@ -2,9 +2,10 @@
 //!
 //! - the crash test: the service runs its crash drill (`ORDERS_CRASH_DRILL=1`, a leased route
 //!   whose effect is written outside the idempotency record's transaction, and a reconciler
-//!   that looks for it); clients send requests and retry each key until a 201 arrives; the
-//!   service is SIGKILLed at random moments (mid-handler, before or after the effect) and
-//!   restarted, many times. Afterwards every key has exactly one effect, every record is
+//!   that looks for it), two instances on one database, each with its recovery worker; clients
+//!   send requests and retry each key until a 201 arrives, every attempt at the other
+//!   instance; one instance or the other is SIGKILLed at random moments (mid-handler, before
+//!   or after the effect) and restarted, many times. Afterwards every key has exactly one effect, every record is
 //!   settled (none `processing` or `unknown`, by the operator routes' counts), and a final
 //!   retry of every key replays the body its client saw. On PostgreSQL and on SQLite.
 //! - its negative control: the same storm with the route declared re-executable and no
@@ -22,9 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use support::server::{Reply, Server, free_port, fresh_database, orders_binary};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use support::server::{Reply, Server, exchange, free_port, fresh_database, orders_binary};
 use tower_idempotency::{IdempotencyKey, RecordId, Scope};
 
 const CLIENTS: usize = 8;
@@ -46,32 +45,6 @@ struct Seen {
 
 fn operation_id(key: &str) -> String {
     RecordId::new(&Scope::new(ACCOUNT), "drill.effect", &IdempotencyKey::new(key).unwrap()).operation_id()
-}
-
-/// Sends one request on a connection of its own and reads the whole reply, within 20 s;
-/// transport failures are an `Err` (the client may retry).
-async fn exchange(addr: SocketAddr, request: String) -> Result<Reply, String> {
-    let exchange = async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
-        stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.map_err(|e| format!("read: {e}"))?;
-        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no complete header block")?;
-        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-        let mut lines = head.split("\r\n");
-        let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).ok_or("status")?;
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|line| line.split_once(':'))
-            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-            .collect();
-        let body = raw[split + 4..].to_vec();
-        let length = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse::<usize>().ok());
-        match length {
-            Some(length) if body.len() != length => Err(format!("body cut short: {} of {length}", body.len())),
-            _ => Ok(Reply { status, headers, body }),
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(20), exchange).await.map_err(|_| "timed out".to_owned())?
 }
 
 async fn post_effect(addr: SocketAddr, key: &str) -> Result<Reply, String> {
@@ -137,20 +110,23 @@ fn start(database_url: &str, port: u16, mode: &str) -> Server {
     )
 }
 
-/// The storm: `CLIENTS` clients walk through new keys, retrying each until a 201 arrives, while
-/// the service is SIGKILLed `KILLS` times at random moments and restarted at once on the same
-/// port. Once the killing stops, every client retries its last key until it is answered.
-/// Returns what the clients saw, and the server still running.
-async fn storm(database: &Database, mode: &'static str, prefix: &str) -> (HashMap<String, Seen>, Server) {
-    let port = free_port();
+/// The storm: two instances of the service run on one database, each with its recovery
+/// worker; `CLIENTS` clients walk through new keys, retrying each until a 201 arrives, every
+/// attempt at the other instance, while one instance or the other is SIGKILLed `KILLS` times
+/// at random moments and restarted at once on the same port. Once the killing stops, every
+/// client retries its last key until it is answered. Returns what the clients saw, and the
+/// servers still running.
+async fn storm(database: &Database, mode: &'static str, prefix: &str) -> (HashMap<String, Seen>, Vec<Server>) {
     let url = database.url();
-    let server = Arc::new(std::sync::Mutex::new(Some(start(&url, port, mode))));
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let ports = [free_port(), free_port()];
+    let servers: Vec<_> =
+        ports.iter().map(|&port| Arc::new(std::sync::Mutex::new(Some(start(&url, port, mode))))).collect();
+    let addrs: Vec<SocketAddr> = ports.iter().map(|port| format!("127.0.0.1:{port}").parse().unwrap()).collect();
     let stop = Arc::new(AtomicBool::new(false));
 
     let mut clients = Vec::new();
     for client in 0..CLIENTS {
-        let stop = stop.clone();
+        let (stop, addrs) = (stop.clone(), addrs.clone());
         let prefix = prefix.to_owned();
         clients.push(tokio::spawn(async move {
             let mut seen: HashMap<String, Seen> = HashMap::new();
@@ -164,7 +140,7 @@ async fn storm(database: &Database, mode: &'static str, prefix: &str) -> (HashMa
                 let mut deadline = None;
                 loop {
                     entry.attempts += 1;
-                    match post_effect(addr, &key).await {
+                    match post_effect(addrs[(client + entry.attempts) % addrs.len()], &key).await {
                         Ok(reply) if reply.status == 201 => {
                             entry.acknowledged = Some(reply.body);
                             break;
@@ -203,25 +179,27 @@ async fn storm(database: &Database, mode: &'static str, prefix: &str) -> (HashMa
         rng ^= rng << 17;
         // Far enough apart that keys finish between kills, close enough that many die mid-way.
         tokio::time::sleep(Duration::from_millis(100 + rng % 400)).await;
-        if let Some(old) = server.lock().unwrap().take() {
+        let victim = (rng >> 32) as usize % servers.len();
+        if let Some(old) = servers[victim].lock().unwrap().take() {
             old.kill();
         }
-        let url = url.clone();
+        let (url, port) = (url.clone(), ports[victim]);
         let fresh = tokio::task::spawn_blocking(move || start(&url, port, mode)).await.unwrap();
-        *server.lock().unwrap() = Some(fresh);
+        *servers[victim].lock().unwrap() = Some(fresh);
     }
     stop.store(true, Ordering::Relaxed);
     let mut seen = HashMap::new();
     for client in clients {
         seen.extend(client.await.expect("client"));
     }
-    let server = server.lock().unwrap().take().expect("the last server");
-    (seen, server)
+    let servers = servers.iter().map(|server| server.lock().unwrap().take().expect("a running server")).collect();
+    (seen, servers)
 }
 
 /// The crash test on `database`.
 async fn killed_leased_requests_are_settled_with_no_duplicate_effects(database: Database, prefix: &str) {
-    let (seen, server) = storm(&database, "1", prefix).await;
+    let (seen, servers) = storm(&database, "1", prefix).await;
+    let server = &servers[0];
 
     // Every record settled: none left processing or unknown.
     let counts = operator_get(server.admin_addr, "/admin/idempotency/counts").await.expect("counts");
@@ -272,7 +250,7 @@ fn leased_requests_killed_mid_handler_are_settled_by_recovery_with_no_duplicate_
 fn negative_control_without_the_reconciler_a_blind_reexecution_duplicates_effects() {
     tower_idempotency::testkit::run(async {
         let database = Database::Postgres(fresh_database("tidem_drill_blind").await);
-        let (seen, _server) = storm(&database, "blind", "blind").await;
+        let (seen, _servers) = storm(&database, "blind", "blind").await;
         let effects = database.effects().await;
         let duplicated = seen.keys().filter(|key| effects.get(&operation_id(key)).copied().unwrap_or(0) > 1).count();
         println!("blind drill: {} keys, {duplicated} with more than one effect", seen.len());

@@ -151,8 +151,9 @@ pub async fn get(addr: SocketAddr, account: &str, path: &str) -> Result<Reply, S
     exchange(addr, request).await
 }
 
-/// Sends `request` on a connection of its own and reads the whole reply, within 20 s.
-async fn exchange(addr: SocketAddr, request: String) -> Result<Reply, String> {
+/// Sends `request` (a whole HTTP/1.1 request with `connection: close`) on a connection of its
+/// own and reads the whole reply, within 20 s. Transport failures are an `Err`.
+pub async fn exchange(addr: SocketAddr, request: String) -> Result<Reply, String> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
         stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
