@@ -5,7 +5,9 @@
 //! zero rows changed means someone else moved the record first. The recovery statements pick
 //! their batch with the dialect's batch lock (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so
 //! concurrent workers take disjoint batches; SQLite: none, one write statement holds the
-//! database's single write lock) and check the state again on the rows they change.
+//! database's single write lock) and check the state again on the rows they change. The batch
+//! is picked once, in a materialized CTE: as a plain `IN (subquery)` PostgreSQL may rescan it
+//! while the statement changes rows, and hand out more than its limit.
 
 use std::marker::PhantomData;
 use std::time::{Duration, SystemTime};
@@ -202,9 +204,11 @@ impl<D: Dialect> AdminStatements<D> {
                 let now = D::now(2);
                 let stale = format!("state = '{PROCESSING}' AND lease_until <= {now} AND NOT reexecutable");
                 sql(format!(
-                    "UPDATE {t} SET state = '{UNKNOWN}', updated_at = {now} \
-                     WHERE record_id IN (SELECT record_id FROM {t} WHERE {stale} ORDER BY lease_until \
-                                         LIMIT {limit}{lock}) AND {stale}",
+                    "WITH picked AS{materialized} (SELECT record_id FROM {t} WHERE {stale} ORDER BY lease_until \
+                                                  LIMIT {limit}{lock}) \
+                     UPDATE {t} SET state = '{UNKNOWN}', updated_at = {now} \
+                     WHERE record_id IN (SELECT record_id FROM picked) AND {stale}",
+                    materialized = D::MATERIALIZED,
                     limit = p(1),
                     lock = D::BATCH_LOCK,
                 ))
@@ -213,9 +217,10 @@ impl<D: Dialect> AdminStatements<D> {
                 let now = D::now(2);
                 let stale = format!("state = '{PROCESSING}' AND lease_until <= {now} AND reexecutable");
                 sql(format!(
-                    "DELETE FROM {t} \
-                     WHERE record_id IN (SELECT record_id FROM {t} WHERE {stale} ORDER BY lease_until \
-                                         LIMIT {limit}{lock}) AND {stale}",
+                    "WITH picked AS{materialized} (SELECT record_id FROM {t} WHERE {stale} ORDER BY lease_until \
+                                                  LIMIT {limit}{lock}) \
+                     DELETE FROM {t} WHERE record_id IN (SELECT record_id FROM picked) AND {stale}",
+                    materialized = D::MATERIALIZED,
                     limit = p(1),
                     lock = D::BATCH_LOCK,
                 ))
@@ -238,10 +243,12 @@ impl<D: Dialect> AdminStatements<D> {
                     live = live(&now),
                 );
                 sql(format!(
-                    "UPDATE {t} SET attempts = attempts + 1, recheck_at = {recheck} \
-                     WHERE record_id IN (SELECT record_id FROM {t} WHERE {due} ORDER BY created_at \
-                                         LIMIT {limit}{lock}) AND {due} \
+                    "WITH picked AS{materialized} (SELECT record_id FROM {t} WHERE {due} ORDER BY created_at \
+                                                  LIMIT {limit}{lock}) \
+                     UPDATE {t} SET attempts = attempts + 1, recheck_at = {recheck} \
+                     WHERE record_id IN (SELECT record_id FROM picked) AND {due} \
                      RETURNING {info}",
+                    materialized = D::MATERIALIZED,
                     recheck = D::plus_ms(&now, &wait),
                     limit = p(2),
                     lock = D::BATCH_LOCK,

@@ -94,6 +94,10 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// The time in `column` as unix milliseconds (a bigint; `NULL` stays `NULL`).
     fn epoch_ms(column: &str) -> String;
 
+    /// What makes a CTE evaluated once, before the statement that uses it (PostgreSQL's
+    /// `MATERIALIZED`; SQLite evaluates a CTE used once once).
+    const MATERIALIZED: &'static str = "";
+
     /// The function that picks the least of two values.
     const LEAST: &'static str;
 

@@ -118,6 +118,8 @@ impl Dialect for Pg {
 
     const LEAST: &'static str = "LEAST";
 
+    const MATERIALIZED: &'static str = " MATERIALIZED";
+
     fn bigint(n: usize) -> String {
         format!("${n}::bigint")
     }
