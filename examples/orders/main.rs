@@ -66,8 +66,8 @@
 //! features; the second needs the `postgres` feature.
 //!
 //! It prints `listening on 127.0.0.1:3000` once bound (then `admin listening on
-//! 127.0.0.1:3001` for the operator listener), and stops cleanly on Ctrl-C or
-//! SIGTERM. Environment:
+//! 127.0.0.1:3001` for the operator listener), and stops cleanly on Ctrl-C or SIGTERM
+//! (in-flight requests finish, the recovery worker stops, then the pools close). Environment:
 //!
 //! - `DATABASE_URL`: where orders and idempotency records live (see *Storage*).
 //! - `ORDERS_ADDR`: the address to bind (default `127.0.0.1:3000`; port `0` picks a free one).

@@ -3,7 +3,8 @@
 //! token is unset). JSON in and out; every error is problem+json.
 //!
 //! A record is named by the query parameters `account`, `operation` and `key` (the caller's
-//! raw key, used only to compute the identity; raw keys are not stored):
+//! raw key, used only to compute the identity; raw keys are not stored). They are URL-encoded
+//! like any query (`+` is a space: a key with a `+` is sent as `%2B`):
 //!
 //! - `GET /admin/idempotency/record?account=&operation=&key=`: 200 `{"state", "operation_id",
 //!   "created_at", "updated_at", "expires_at", "status", "fencing_token"}`, or 404
