@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -19,8 +20,11 @@ use tower::ServiceExt;
 #[cfg(feature = "postgres")]
 use tower_idempotency::PostgresStore;
 use tower_idempotency::recovery::RecoveryReport;
-use tower_idempotency::store::Admin;
-use tower_idempotency::{IdempotencyLayer, OutcomeClass, Retention, SqliteStore, Store};
+use tower_idempotency::store::{Admin, FinishError};
+use tower_idempotency::{
+    Begin, BeginRequest, Claim, CouplingMode, Fingerprint, IdempotencyKey, IdempotencyLayer, Outcome, OutcomeClass,
+    RecordId, Retention, Scope, SqliteStore, Store, StoredResponse,
+};
 
 use crate::cleanup::Cleanup;
 use crate::orders::admin::AdminToken;
@@ -130,6 +134,35 @@ impl TestDb {
         pass.expect("a recovery pass")
     }
 
+    /// Claims `(account, operation, key)` in leased mode on this database's idempotency table and
+    /// holds the claim, as a handler still running would; `None` if the identity is taken.
+    pub(crate) async fn hold_leased_claim(&self, account: &str, operation: &str, key: &str) -> Option<HeldClaim> {
+        let scope = Scope::new(account);
+        let id = RecordId::new(&scope, operation, &IdempotencyKey::new(key).expect("a valid key"));
+        let fingerprint = Fingerprint::from_parts(1, [7; 32]);
+        let request = BeginRequest::new(&id, &fingerprint).labels(&scope, operation).lease(Duration::from_secs(60));
+        let begun = match (&self.orders, &self.place) {
+            (OrderBook::Sqlite(pool), _) => {
+                let store = SqliteStore::new(pool.clone()).mode(CouplingMode::Leased);
+                store.begin(request).await.map(|begun| match begun {
+                    Begin::Claimed(claim) => Some(HeldClaim::Sqlite(claim)),
+                    _ => None,
+                })
+            }
+            #[cfg(feature = "postgres")]
+            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => {
+                let store = pg_store(pool, schema).mode(CouplingMode::Leased);
+                store.begin(request).await.map(|begun| match begun {
+                    Begin::Claimed(claim) => Some(HeldClaim::Postgres(claim)),
+                    _ => None,
+                })
+            }
+            #[cfg(feature = "postgres")]
+            (OrderBook::Postgres(_), Place::SqliteFile) => unreachable!("a PostgreSQL pool has a schema"),
+        };
+        begun.expect("the store answers")
+    }
+
     /// How many idempotency records exist, in any state.
     pub(crate) async fn idempotency_records(&self) -> i64 {
         self.scalar("SELECT COUNT(*) FROM idempotency_records").await
@@ -178,6 +211,34 @@ impl TestDb {
 #[cfg(feature = "postgres")]
 fn pg_store(pool: &PgPool, schema: &str) -> PostgresStore {
     PostgresStore::new(pool.clone()).schema(schema).expect("a valid schema name")
+}
+
+/// A leased claim held by a test, as by a handler still running.
+pub(crate) enum HeldClaim {
+    Sqlite(<SqliteStore as Store>::Claim),
+    #[cfg(feature = "postgres")]
+    Postgres(<PostgresStore as Store>::Claim),
+}
+
+impl HeldClaim {
+    /// The claim's fencing token.
+    pub(crate) fn fencing_token(&self) -> Option<u64> {
+        match self {
+            Self::Sqlite(claim) => claim.fencing_token(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(claim) => claim.fencing_token(),
+        }
+    }
+
+    /// Finishes the claim with a 201 `done`.
+    pub(crate) async fn complete(self) -> Result<(), FinishError> {
+        let outcome = Outcome::Complete(StoredResponse::new(StatusCode::CREATED, "done"));
+        match self {
+            Self::Sqlite(claim) => claim.finish(outcome).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(claim) => claim.finish(outcome).await,
+        }
+    }
 }
 
 /// The operation of the tests' own route whose handler marks its outcome unknown.

@@ -115,6 +115,7 @@ on_every_backend!(
     a_record_is_inspected_by_account_operation_and_key_and_never_shows_the_key,
     a_record_query_missing_a_parameter_or_with_an_invalid_one_is_400_invalid_query,
     evicting_a_record_lets_its_key_execute_afresh,
+    a_record_in_flight_is_shown_processing_and_evicting_it_takes_the_claim_from_its_holder,
     an_unknown_outcome_is_409_until_an_operator_settles_it_and_then_replays_the_settlement,
     unknown_records_are_listed_oldest_first_and_counted_by_state,
     settling_a_record_that_is_not_unknown_is_409_and_a_bad_settlement_is_422_or_415,

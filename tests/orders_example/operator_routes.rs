@@ -140,6 +140,42 @@ pub(crate) async fn evicting_a_record_lets_its_key_execute_afresh(db: &TestDb) {
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
 }
 
+pub(crate) async fn a_record_in_flight_is_shown_processing_and_evicting_it_takes_the_claim_from_its_holder(
+    db: &TestDb,
+) {
+    let service = Orders::new(db);
+    let held = db.hold_leased_claim(ALICE, "payments.charge", "in-flight-1").await.expect("a fresh claim");
+    let token = held.fencing_token().expect("a leased claim has a token");
+    let uri = record_uri("record", ALICE, "payments.charge", "in-flight-1");
+
+    let record = service.operator("GET", &uri, None).await.json();
+    assert_eq!(record["state"], "processing", "{record}");
+    assert_eq!(record["status"], Value::Null, "nothing stored yet: {record}");
+    assert_eq!(record["fencing_token"], token, "{record}");
+    assert_time(&record["expires_at"]);
+    let counts = service.operator("GET", "/admin/idempotency/counts", None).await.json();
+    assert_eq!(counts["processing"], 1, "{counts}");
+    let operation_id = record["operation_id"].as_str().expect("an operation id");
+    let status = service.get(ALICE, &format!("/operations/{operation_id}")).await.json();
+    assert_eq!(
+        status,
+        serde_json::json!({"operation_id": operation_id, "state": "processing", "status": null, "location": null})
+    );
+    let settle = r#"{"state": "completed", "status": 201}"#;
+    let refused = service
+        .operator("POST", &record_uri("record/settle", ALICE, "payments.charge", "in-flight-1"), Some(settle))
+        .await;
+    let detail = refused.assert_problem(StatusCode::CONFLICT, "record_not_unknown");
+    assert!(detail.contains("processing"), "{detail}");
+
+    // Evicted while its holder runs: the holder's outcome is refused, and nothing comes back.
+    let evicted = service.operator("DELETE", &uri, None).await;
+    assert_eq!(evicted.status, StatusCode::NO_CONTENT, "{}", evicted.text());
+    assert!(held.complete().await.is_err(), "a holder whose record was evicted must not store its outcome");
+    service.operator("GET", &uri, None).await.assert_problem(StatusCode::NOT_FOUND, "record_not_found");
+    assert_eq!(db.idempotency_records().await, 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Unknown outcomes and settling by hand
 // ---------------------------------------------------------------------------------------------
