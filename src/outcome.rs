@@ -48,7 +48,8 @@ pub enum OutcomeClass {
     /// sent): the response still reaches the client, the record becomes `unknown` (never
     /// `completed`; in atomic mode the business write commits with it), and retries get
     /// `idempotency_outcome_unknown` until the record is settled by hand or by a reconciler.
-    /// A handler marks its response so; no route rule or default ever decides it.
+    /// A handler marks its response so (over gRPC, its error status with
+    /// `grpc::outcome_unknown`), or a route's own rule decides it; the default rule never does.
     Unknown,
 }
 

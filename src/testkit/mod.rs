@@ -125,7 +125,10 @@ macro_rules! http_contract_suite {
             in_flight_duplicate_gets_409_with_retry_after, waiting_duplicate_gets_the_replay,
             released_failure_executes_again, stored_failure_is_replayed, scopes_are_isolated,
             operations_are_isolated, body_over_the_limit_is_refused, concurrent_duplicates_run_the_handler_once,
-            content_type_never_skips_the_layer, json_charset_parameter_is_the_same_request);
+            content_type_never_skips_the_layer, json_charset_parameter_is_the_same_request,
+            key_past_its_retention_is_expired, unknown_outcome_is_answered_then_refused,
+            response_too_large_to_store_is_500, mismatch_status_409_is_honoured,
+            long_handler_keeps_its_lease_and_replays);
     };
     (@cases $make:expr, $adjust:expr; $($case:ident),+ $(,)?) => {
         $(
