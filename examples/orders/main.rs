@@ -293,8 +293,8 @@ async fn serve() -> Result<(), BoxError> {
     let opened = startup::open(database_url.as_deref(), settings).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     let admin_listener = tokio::net::TcpListener::bind(&admin_address).await?;
-    println!("listening on {}", listener.local_addr()?);
-    println!("admin listening on {}", admin_listener.local_addr()?);
+    announce(&format!("listening on {}", listener.local_addr()?));
+    announce(&format!("admin listening on {}", admin_listener.local_addr()?));
 
     // One signal stops both listeners.
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -317,4 +317,13 @@ async fn serve() -> Result<(), BoxError> {
     // the recovery worker has stopped: close the database connections.
     opened.orders.close().await;
     Ok(())
+}
+
+/// Writes one line to stdout and flushes it. A stdout nobody reads any more (a supervisor that
+/// read the first line and closed the pipe) is not a reason to stop serving, so a failed write
+/// is ignored, where `println!` would panic.
+fn announce(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }
