@@ -79,7 +79,7 @@ impl Lifecycle {
 }
 
 /// A positive decimal number of seconds, at most [`MAX_SECS`], to the microsecond.
-fn parse_seconds(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {
     const FORMAT: &str = "must be a number of seconds (digits, optionally with a fraction, such as 0.5)";
     let (whole, fraction) = text.trim().split_once('.').unwrap_or((text.trim(), ""));
     let digits = |part: &str| part.bytes().all(|b| b.is_ascii_digit());

@@ -249,6 +249,7 @@ mod limits;
 mod operations;
 mod operator;
 mod operator_request;
+mod payments;
 mod problem;
 mod recovery;
 mod serve;
@@ -287,6 +288,7 @@ async fn serve() -> Result<(), BoxError> {
         lifecycle: Lifecycle::from_env()?,
         drill: drill::mode_from_env()?,
         clock: Arc::new(CreatedAt::now),
+        payments: payments::PaymentSettings::from_env()?,
     };
     let janitor_every = settings.lifecycle.janitor_every;
     let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
@@ -306,10 +308,16 @@ async fn serve() -> Result<(), BoxError> {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
     let admin_router = opened.admin.into_router(admin_token);
-    let (api, admin, ()) = tokio::join!(
+    let payments_recovery = async {
+        if let Some((worker, every)) = opened.payments {
+            worker.run(every, until_stopped(stopped.clone())).await;
+        }
+    };
+    let (api, admin, (), ()) = tokio::join!(
         serve::serve(listener, opened.api, until_stopped(stopped.clone())),
         serve::serve(admin_listener, admin_router, until_stopped(stopped.clone())),
-        opened.recovery.run(janitor_every, until_stopped(stopped)),
+        opened.recovery.run(janitor_every, until_stopped(stopped.clone())),
+        payments_recovery,
     );
     api?;
     admin?;

@@ -30,7 +30,7 @@ struct ProblemDocument<'a> {
 }
 
 impl ApiProblem {
-    fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
         Self { status, code, title, detail: detail.into() }
     }
 
@@ -171,6 +171,12 @@ impl ApiProblem {
                 Self::internal()
             }
         }
+    }
+
+    /// The problem+json body of this answer (for answers stored without going through a
+    /// response, such as a reconciler's).
+    pub(crate) fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.document()).unwrap_or_default()
     }
 
     fn document(&self) -> ProblemDocument<'_> {

@@ -20,6 +20,7 @@ use super::cursor::CursorCodec;
 use super::drill::DrillMode;
 use super::lifecycle::Lifecycle;
 use super::limits::RequestLimits;
+use super::payments::{self, PaymentSettings};
 use super::recovery::{self, Recovery};
 use super::{drill, operator};
 
@@ -34,6 +35,8 @@ pub(crate) struct Opened {
     pub(crate) orders: OrderBook,
     /// The recovery worker, run until shutdown.
     pub(crate) recovery: Recovery,
+    /// The payment records' recovery worker and its period, when payments are on.
+    pub(crate) payments: Option<(Recovery, std::time::Duration)>,
 }
 
 /// What the service is made of besides its database.
@@ -48,6 +51,8 @@ pub(crate) struct Settings {
     pub(crate) drill: Option<DrillMode>,
     /// Where `created_at` comes from.
     pub(crate) clock: Clock,
+    /// The payment provider and the payment route's settings.
+    pub(crate) payments: PaymentSettings,
 }
 
 /// Opens the database `database_url` names (see *Storage* in `main.rs`), creates what is
@@ -76,7 +81,9 @@ async fn open_sqlite(options: SqliteConnectOptions, settings: Settings) -> Resul
     orders.create_table().await?;
     let leased = store.clone().mode(CouplingMode::Leased);
     let worker = recovery::worker(leased.clone(), &settings.lifecycle, reconciled_drill(&settings, &orders));
-    assemble(orders, store, leased, settings, Recovery::Sqlite(worker)).await
+    let payments = payments::worker(leased.clone(), &orders, &settings.lifecycle, &settings.payments);
+    let recovery = (Recovery::Sqlite(worker), payments.map(Recovery::Sqlite));
+    assemble(orders, store, leased, settings, recovery).await
 }
 
 /// PostgreSQL: the existing database `url` names.
@@ -96,7 +103,9 @@ async fn open_postgres(url: &str, settings: Settings) -> Result<Opened, BoxError
     eprintln!("orders: storage is PostgreSQL");
     let leased = store.clone().mode(CouplingMode::Leased);
     let worker = recovery::worker(leased.clone(), &settings.lifecycle, reconciled_drill(&settings, &orders));
-    assemble(orders, store, leased, settings, Recovery::Postgres(worker)).await
+    let payments = payments::worker(leased.clone(), &orders, &settings.lifecycle, &settings.payments);
+    let recovery = (Recovery::Postgres(worker), payments.map(Recovery::Postgres));
+    assemble(orders, store, leased, settings, recovery).await
 }
 
 /// The order book whose drill effects the recovery worker reconciles, if the drill is on and
@@ -105,24 +114,31 @@ fn reconciled_drill<'a>(settings: &Settings, orders: &'a OrderBook) -> Option<&'
     (settings.drill == Some(DrillMode::Reconciled)).then_some(orders)
 }
 
-/// The service over the atomic `store` of `orders`' database, and the drill's route over the
-/// `leased` store of the same table when the drill is on.
-async fn assemble<St: Store + Admin, L: Store>(
+/// The service over the atomic `store` of `orders`' database, and the leased routes (the
+/// payments; the drill's, when it is on) over the `leased` store of the same database.
+async fn assemble<St: Store + Admin, L: Store + Admin>(
     orders: OrderBook,
     store: St,
     leased: L,
     settings: Settings,
-    recovery: Recovery,
+    (recovery, payments_recovery): (Recovery, Option<Recovery>),
 ) -> Result<Opened, BoxError> {
-    let Settings { cursors, limits, lifecycle, drill, clock } = settings;
+    let Settings { cursors, limits, lifecycle, drill, clock, payments } = settings;
     let state = AppState { orders: orders.clone(), cursors, limits, lifecycle, clock };
-    let (mut api, admin) = with_fast_path(state, store)?;
+    let (mut api, mut admin) = with_fast_path(state, store)?;
+    payments::create_table(&orders).await?;
+    api = api.merge(payments::routes(orders.clone(), leased.clone(), &lifecycle, &payments));
+    admin.operator = admin.operator.merge(payments::operator_routes(orders.clone(), leased.clone(), &lifecycle));
+    if payments.provider.is_some() {
+        eprintln!("orders: payments on (idempotent provider: {})", payments.idempotent);
+    }
+    let payments_recovery = payments_recovery.map(|worker| (worker, payments.reconcile_every));
     if let Some(mode) = drill {
         drill::create_table(&orders).await?;
         api = api.merge(drill::routes(orders.clone(), leased, &lifecycle, mode));
         eprintln!("orders: crash drill on (POST /drill/effects, {mode:?})");
     }
-    Ok(Opened { api, admin, orders, recovery })
+    Ok(Opened { api, admin, orders, recovery, payments: payments_recovery })
 }
 
 /// PostgreSQL in a build without the `postgres` feature: refuse to start, and say how to fix it.
