@@ -100,6 +100,12 @@
 //!
 //!   These three are seconds, fractions allowed (`0.5`), greater than zero and at most ten
 //!   years; anything else stops the start (see `lifecycle.rs`).
+//! - `PSP_URL` (`http://127.0.0.1:3100`): the payment provider (`cargo run --example psp`);
+//!   unset, the payment routes answer 503 `payments_unavailable`. `ORDERS_PSP_TIMEOUT_MS`
+//!   (default 2000) bounds one provider call, `ORDERS_RECONCILE_SECS` (default 5) is how often
+//!   unknown payments are reconciled, `ORDERS_LEASE_SECS` (default 30) is the payment route's
+//!   lease, and `ORDERS_PSP_IDEMPOTENT` (default `true`) says whether the provider honours keys
+//!   and has a lookup. See `payments/mod.rs`.
 //!
 //! It speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, with limits on what
 //! one connection can hold: 32 concurrent streams, 16 KiB of headers, 30 s for an HTTP/1.1
@@ -200,6 +206,11 @@
 //! `ORDERS_TOMBSTONE_SECS` after that (seven days) a retry gets 422 `idempotency_key_expired`
 //! and is not executed; after both the key is new again. README.md says the same for clients.
 //!
+//! **Payments**: `POST /orders/{order_id}/payments` (`Idempotency-Key` required, body `{}`),
+//! `GET /orders/{order_id}/payments` and `GET /orders/{order_id}/payments/{payment_id}`, and the
+//! operator's `POST /admin/payments/{payment_id}/settle`: the answers and the attempt's states
+//! are in `payments/mod.rs`.
+//!
 //! **Operator routes**, on the operator listener behind `ORDERS_ADMIN_TOKEN` (see
 //! `operator.rs` for the answers): `GET` and `DELETE /admin/idempotency/record`, `POST
 //! /admin/idempotency/record/settle` (the record named by `account`, `operation` and `key`
@@ -220,6 +231,8 @@
 //!   what they read from a request;
 //! - `operations`: `GET /operations/{operation_id}`;
 //! - `lifecycle` and `recovery`: retention from the environment, and the recovery worker;
+//! - `payments`: payments through a provider (a leased route, the `payment_attempts` table, its
+//!   reconciler and operator route);
 //! - `drill`: the crash drill, a leased route the crash test turns on (`ORDERS_CRASH_DRILL`;
 //!   not part of the interface);
 //! - `auth`: `Authorization: Bearer <account>` becomes the account and the idempotency scope;
