@@ -498,62 +498,75 @@ async fn operator_settles_from_the_audit(storm: &Storm, audit: &[Value]) -> usiz
 }
 
 #[test]
-fn chaos_payments_without_provider_idempotency_never_charge_an_attempt_twice() {
+fn chaos_payments_without_provider_idempotency_never_charge_an_attempt_twice_on_sqlite() {
     tower_idempotency::testkit::run(async {
         let (path, cleanup) = support::sqlite_path("tidem_payments_noidem");
-        let database = Database::Sqlite(path);
-        let psp = chaos_provider(&[("PSP_MODE", "no_idempotency")]);
-        // Longer than a lease (and several reconcile periods) after the last kill.
-        let storm = storm(&database, &psp, false, "noidem", Some(LEASE * 3)).await;
-        let audit = psp.audit().await;
-        assert_eq!(double_charges(&audit), Vec::<String>::new(), "an attempt was charged twice");
-        let wrong = clients_without_the_charge(&audit, &storm.finals.acknowledged);
-        assert!(wrong.is_empty(), "clients whose 201 is not the provider's charge: {wrong:?}");
-        assert!(storm.unfinished > 0, "no payment was left unknown for the operator: the storm proved nothing");
-
-        // The operator settles what only the provider's audit can tell; the clients' retries
-        // then get their final answers (a payment re-issued as not executed may turn unknown
-        // again: the operator looks again), and still no attempt is charged twice.
-        let tally = Arc::new(Tally::default());
-        let mut acknowledged: HashMap<String, Vec<String>> = HashMap::new();
-        let mut open: Vec<String> = storm.orders.clone();
-        let mut settled = 0;
-        let deadline = Instant::now() + liveness();
-        while !open.is_empty() {
-            assert!(Instant::now() < deadline, "{} orders still without a final answer", open.len());
-            settled += operator_settles_from_the_audit(&storm, &psp.audit().await).await;
-            let mut rounds = Vec::new();
-            for order_id in open {
-                let (addr, tally) = (storm.server.addr, tally.clone());
-                rounds.push(tokio::spawn(async move {
-                    let key = format!("noidem-pay-{order_id}");
-                    let round = Instant::now() + LEASE * 2;
-                    let reply = pay_until_final(addr, &order_id, &key, &tally, || Instant::now() > round).await;
-                    (order_id, reply)
-                }));
-            }
-            let mut still_open = Vec::new();
-            for round in rounds {
-                match round.await.expect("client") {
-                    (order_id, Some(reply)) if reply.status == 201 => {
-                        let charge_id = json(&reply)["charge_id"].as_str().expect("charge_id").to_owned();
-                        acknowledged.entry(order_id).or_default().push(charge_id);
-                    }
-                    (_, Some(_declined)) => {}
-                    (order_id, None) => still_open.push(order_id),
-                }
-            }
-            open = still_open;
-        }
-        assert!(settled > 0, "the operator settled nothing");
-        let audit = psp.audit().await;
-        assert_eq!(double_charges(&audit), Vec::<String>::new(), "an attempt was charged twice");
-        let wrong = clients_without_the_charge(&audit, &acknowledged);
-        assert!(wrong.is_empty(), "clients whose 201 is not the provider's charge: {wrong:?}");
-        let settled_after = storm.last_kill.elapsed();
-        println!("{}; {settled} settled by the operator", summary("no idempotency", &storm, &audit, settled_after));
+        without_idempotency_no_attempt_is_charged_twice(Database::Sqlite(path), "noidem-lite").await;
         drop(cleanup);
     });
+}
+
+#[test]
+fn chaos_payments_without_provider_idempotency_never_charge_an_attempt_twice_on_postgres() {
+    tower_idempotency::testkit::run(async {
+        let url = fresh_database("tidem_payments_noidem").await;
+        without_idempotency_no_attempt_is_charged_twice(Database::Postgres(url), "noidem-pg").await;
+    });
+}
+
+/// The storm against a provider without idempotency, run for longer than a lease after the
+/// last kill; then the operator settles what is left unknown, from the provider's audit.
+async fn without_idempotency_no_attempt_is_charged_twice(database: Database, prefix: &str) {
+    let psp = chaos_provider(&[("PSP_MODE", "no_idempotency")]);
+    // Longer than a lease (and several reconcile periods) after the last kill.
+    let storm = storm(&database, &psp, false, prefix, Some(LEASE * 3)).await;
+    let audit = psp.audit().await;
+    assert_eq!(double_charges(&audit), Vec::<String>::new(), "an attempt was charged twice");
+    let wrong = clients_without_the_charge(&audit, &storm.finals.acknowledged);
+    assert!(wrong.is_empty(), "clients whose 201 is not the provider's charge: {wrong:?}");
+    assert!(storm.unfinished > 0, "no payment was left unknown for the operator: the storm proved nothing");
+
+    // The operator settles what only the provider's audit can tell; the clients' retries
+    // then get their final answers (a payment re-issued as not executed may turn unknown
+    // again: the operator looks again), and still no attempt is charged twice.
+    let tally = Arc::new(Tally::default());
+    let mut acknowledged: HashMap<String, Vec<String>> = HashMap::new();
+    let mut open: Vec<String> = storm.orders.clone();
+    let mut settled = 0;
+    let deadline = Instant::now() + liveness();
+    while !open.is_empty() {
+        assert!(Instant::now() < deadline, "{} orders still without a final answer", open.len());
+        settled += operator_settles_from_the_audit(&storm, &psp.audit().await).await;
+        let mut rounds = Vec::new();
+        for order_id in open {
+            let (addr, tally, prefix) = (storm.server.addr, tally.clone(), prefix.to_owned());
+            rounds.push(tokio::spawn(async move {
+                let key = format!("{prefix}-pay-{order_id}");
+                let round = Instant::now() + LEASE * 2;
+                let reply = pay_until_final(addr, &order_id, &key, &tally, || Instant::now() > round).await;
+                (order_id, reply)
+            }));
+        }
+        let mut still_open = Vec::new();
+        for round in rounds {
+            match round.await.expect("client") {
+                (order_id, Some(reply)) if reply.status == 201 => {
+                    let charge_id = json(&reply)["charge_id"].as_str().expect("charge_id").to_owned();
+                    acknowledged.entry(order_id).or_default().push(charge_id);
+                }
+                (_, Some(_declined)) => {}
+                (order_id, None) => still_open.push(order_id),
+            }
+        }
+        open = still_open;
+    }
+    assert!(settled > 0, "the operator settled nothing");
+    let audit = psp.audit().await;
+    assert_eq!(double_charges(&audit), Vec::<String>::new(), "an attempt was charged twice");
+    let wrong = clients_without_the_charge(&audit, &acknowledged);
+    assert!(wrong.is_empty(), "clients whose 201 is not the provider's charge: {wrong:?}");
+    let settled_after = storm.last_kill.elapsed();
+    println!("{}; {settled} settled by the operator", summary(prefix, &storm, &audit, settled_after));
 }
 
 #[test]
