@@ -347,3 +347,37 @@ fn invalid_payment_settings_stop_the_start() {
         assert!(output.stdout.is_empty());
     }
 }
+
+#[test]
+fn concurrent_first_payments_with_different_keys_make_one_attempt_and_one_charge() {
+    tower_idempotency::testkit::run(async {
+        let psp = Psp::start(&[("PSP_DELAY_MS", "100")]);
+        let service = service(Some(&psp), &[]);
+        let addr = service.server.addr;
+        let order_id = order(addr, ALICE, 2500).await;
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+        let mut calls = Vec::new();
+        for n in 0..8 {
+            let (order_id, barrier) = (order_id.clone(), barrier.clone());
+            calls.push(tokio::spawn(async move {
+                barrier.wait().await;
+                pay(addr, &order_id, &format!("tab-{n}")).await
+            }));
+        }
+        let mut answers = Vec::new();
+        for call in calls {
+            let reply = call.await.unwrap();
+            answers.push((reply.status, code(&reply)));
+        }
+        let paid = answers.iter().filter(|(status, _)| *status == 201).count();
+        assert_eq!(paid, 1, "exactly one key pays: {answers:?}");
+        for (status, code) in &answers {
+            assert!(
+                *status == 201 || (*status == 409 && (code == "payment_in_progress" || code == "order_already_paid")),
+                "{answers:?}"
+            );
+        }
+        assert_eq!(payments(addr, &order_id).await.len(), 1);
+        assert_eq!(psp.charges().await.len(), 1);
+    });
+}
