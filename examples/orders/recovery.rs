@@ -8,7 +8,9 @@
 //! `POST /orders` is atomic and never leaves a `processing` or `unknown` record behind, so it
 //! registers no reconciler; an `unknown` record of it could only come from an operator's hands
 //! (and is settled by them, `POST /admin/idempotency/record/settle`). The crash drill's leased
-//! route registers one (`drill.rs`).
+//! route registers one (`drill.rs`). The payments have a worker of their own, every
+//! `ORDERS_RECONCILE_SECS`, with the payment reconciler (`payments/mod.rs`); it runs beside this
+//! one over the same records, which the crate's worker allows.
 //!
 //! What a pass did is written to stderr when it did anything; a pass that fails is written
 //! there too, and the next one tried. On shutdown the pass in progress stops between two store
