@@ -117,6 +117,10 @@
 //!   clients and tonic channels.
 //! - `metrics`: counters through the `metrics` facade (today the client layers' attempts,
 //!   retries and give-ups).
+//! - `outbox`: `outbox`, a transactional outbox for the SQL stores (events enqueued through the
+//!   request's `TxHandle`, a relay with leases, backoff and a deadline), a Standard Webhooks
+//!   sender over hyper-util's client, and the signature check for receivers that deduplicate
+//!   deliveries with this layer keyed on `webhook-id`.
 //! - `testkit`: the conformance suites in `testkit` for your own stores and services.
 //! - `full`: all of the above.
 //! - `grpc-example`: not for library users; compiles the `.proto` files of this crate's own
@@ -150,6 +154,9 @@ mod hex;
 pub mod key;
 mod layer;
 mod name;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod outbox;
 pub mod outcome;
 pub mod problem;
 mod protocol;

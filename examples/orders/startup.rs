@@ -60,7 +60,11 @@ async fn open_sqlite(
     store.migrate().await?;
     let orders = OrderBook::Sqlite(pool);
     orders.create_table().await?;
-    Ok(Opened { api: with_fast_path(state(&orders), store)?, admin: AdminRoutes::default(), orders })
+    Ok(Opened {
+        api: with_fast_path(state(&orders), store)?,
+        admin: AdminRoutes::default().merge(super::events::start(&orders).await?),
+        orders,
+    })
 }
 
 /// PostgreSQL: the existing database `url` names.
@@ -78,7 +82,11 @@ async fn open_postgres(url: &str, state: impl FnOnce(&OrderBook) -> AppState) ->
     let orders = OrderBook::Postgres(pool);
     orders.create_table().await?;
     eprintln!("orders: storage is PostgreSQL");
-    Ok(Opened { api: with_fast_path(state(&orders), store)?, admin: AdminRoutes::default(), orders })
+    Ok(Opened {
+        api: with_fast_path(state(&orders), store)?,
+        admin: AdminRoutes::default().merge(super::events::start(&orders).await?),
+        orders,
+    })
 }
 
 /// PostgreSQL in a build without the `postgres` feature: refuse to start, and say how to fix it.

@@ -90,6 +90,7 @@ impl TestDb {
             }
         };
         db.orders.create_table().await.expect("create the orders table");
+        crate::orders::events::start(&db.orders).await.expect("create the outbox table");
         db
     }
 

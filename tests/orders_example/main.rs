@@ -10,11 +10,13 @@
 #[path = "../../examples/orders"]
 #[allow(dead_code, reason = "what only start-up or the gRPC example uses goes unused here")]
 mod orders {
+    mod admin;
     pub mod api;
     mod auth;
     pub mod book;
     mod create_request;
     pub mod cursor;
+    pub mod events;
     pub mod limits;
     mod problem;
 }

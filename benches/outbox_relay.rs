@@ -1,0 +1,3 @@
+//! Outbox benchmarks (written in the next commit).
+
+fn main() {}
