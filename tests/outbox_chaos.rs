@@ -211,5 +211,6 @@ async fn without_deduplication_the_same_verdict_fails() {
     let verdict = exactly_once(&orders_in(&database_url).await, &events_of(sink_addr).await);
     sink.abort();
     let failure = verdict.expect_err("without deduplication, redeliveries must be processed again");
+    eprintln!("outbox negative control: {failure}");
     assert!(failure.contains("processed more than once"), "{failure}");
 }
