@@ -102,6 +102,18 @@
 //! a dead holder's lease marks the record `unknown` instead of running again, unless the route
 //! declares itself re-executable ([`StaleLeasePolicy::Reexecute`]).
 //!
+//! ## Effects that leave the service, and webhook receivers
+//!
+//! A committed execution that must also tell the outside world writes an event to the outbox
+//! in the same transaction (feature `outbox`); a relay delivers it at least once, as a signed
+//! Standard Webhook whose `webhook-id` is derived from the operation id. On the receiving side,
+//! the same layer deduplicates deliveries: keyed on `webhook-id` instead of `Idempotency-Key`
+//! (`IdempotencyLayer::header`), scoped by the sender, behind the signature check, so a
+//! redelivered event replays the first 2xx without being processed again and a reused id with
+//! another body is refused (422 `idempotency_key_reused`). With the receiver's processing in the
+//! layer's transaction (an atomic store), an event is processed by its consumer exactly once. The
+//! `outbox` module's docs show both halves.
+//!
 //! ## Feature flags
 //!
 //! - `axum` (default): extractors for [`IdempotencyContext`] and `TxHandle`, and axum's

@@ -181,6 +181,27 @@ async fn the_webhook_sender_delivers_signed_bodies_byte_for_byte<O: OutboxStore>
     assert_eq!(f.outbox.counts().await.unwrap().delivered, 40);
 }
 
+/// A sender that takes `delay` per delivery.
+struct Slow(Duration);
+
+impl Sender for Slow {
+    async fn send(&self, _: &PendingEvent) -> Result<(), SendError> {
+        tokio::time::sleep(self.0).await;
+        Ok(())
+    }
+}
+
+async fn a_delivery_that_could_not_end_inside_the_lease_is_not_started<O: OutboxStore>(f: Fixture<O>) {
+    (f.enqueue)(events("slow", 3), true).await;
+    // A 4 s lease, so deliveries are cut off at 3 s and must start within 1 s of the claim; one
+    // at a time, 2 s each: the first starts, the others could not end in time.
+    let config = RelayConfig { lease: Duration::from_secs(4), concurrency: 1, ..RelayConfig::default() };
+    let report = Relay::new(f.outbox.clone(), Slow(Duration::from_secs(2)), config).run_once().await.unwrap();
+    assert_eq!((report.claimed, report.delivered, report.deferred), (3, 1, 2), "{report:?}");
+    assert!(f.outbox.claim(10, Duration::from_secs(30)).await.unwrap().is_empty(), "still leased");
+    assert_eq!(f.outbox.counts().await.unwrap().pending, 2);
+}
+
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// A receiver on a loopback port that checks each delivery's signature (401 if it fails) and
@@ -249,4 +270,5 @@ on_both_backends!(
     an_event_comes_back_only_after_its_lease_and_a_lost_lease_changes_nothing,
     a_failure_backs_off_and_one_past_the_deadline_is_dead,
     the_webhook_sender_delivers_signed_bodies_byte_for_byte,
+    a_delivery_that_could_not_end_inside_the_lease_is_not_started,
 );

@@ -197,6 +197,11 @@ pub trait OutboxStore: Clone + Send + Sync + 'static {
     /// whether it did.
     fn finish(&self, leased: &Leased, finish: &Finish) -> impl Future<Output = Result<bool, OutboxError>> + Send;
 
+    /// Writes the ends of a batch's attempts in one transaction: for each, whether `leased`
+    /// still held the event. If it fails, none is written (the events come back after their
+    /// lease, and are delivered again).
+    fn finish_all(&self, ends: &[(Leased, Finish)]) -> impl Future<Output = Result<Vec<bool>, OutboxError>> + Send;
+
     /// How many events are in each state.
     fn counts(&self) -> impl Future<Output = Result<Counts, OutboxError>> + Send;
 

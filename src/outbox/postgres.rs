@@ -159,6 +159,28 @@ impl Names {
     }
 }
 
+impl PostgresOutbox {
+    /// The statement that writes `finish` for `leased`, if its token still holds the event.
+    fn finish_query<'q>(
+        &'q self,
+        leased: &'q Leased,
+        finish: &'q Finish,
+    ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+        let (id, token) = (leased.event.id.as_str(), leased.lease_token);
+        match finish {
+            Finish::Delivered => sqlx::query(AssertSqlSafe(self.names.delivered.as_str())).bind(id).bind(token),
+            Finish::Retry { after, error } => sqlx::query(AssertSqlSafe(self.names.retry.as_str()))
+                .bind(id)
+                .bind(token)
+                .bind(millis(*after) as f64)
+                .bind(short(error)),
+            Finish::Dead { error } => {
+                sqlx::query(AssertSqlSafe(self.names.dead.as_str())).bind(id).bind(token).bind(short(error))
+            }
+        }
+    }
+}
+
 impl OutboxStore for PostgresOutbox {
     async fn claim(&self, batch: usize, lease: Duration) -> Result<Vec<Leased>, OutboxError> {
         let rows: Vec<ClaimedRow> = sqlx::query_as(AssertSqlSafe(self.names.claim.as_str()))
@@ -171,20 +193,20 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn finish(&self, leased: &Leased, finish: &Finish) -> Result<bool, OutboxError> {
-        let (id, token) = (leased.event.id.as_str(), leased.lease_token);
-        let query = match finish {
-            Finish::Delivered => sqlx::query(AssertSqlSafe(self.names.delivered.as_str())).bind(id).bind(token),
-            Finish::Retry { after, error } => sqlx::query(AssertSqlSafe(self.names.retry.as_str()))
-                .bind(id)
-                .bind(token)
-                .bind(millis(*after) as f64)
-                .bind(short(error)),
-            Finish::Dead { error } => {
-                sqlx::query(AssertSqlSafe(self.names.dead.as_str())).bind(id).bind(token).bind(short(error))
-            }
-        };
-        let done = query.execute(&self.pool).await.map_err(unavailable)?;
+        let done = self.finish_query(leased, finish).execute(&self.pool).await.map_err(unavailable)?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn finish_all(&self, ends: &[(Leased, Finish)]) -> Result<Vec<bool>, OutboxError> {
+        // One transaction for the batch: one commit (one WAL flush) instead of one per event.
+        let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        let mut written = Vec::with_capacity(ends.len());
+        for (leased, finish) in ends {
+            let done = self.finish_query(leased, finish).execute(&mut *tx).await.map_err(unavailable)?;
+            written.push(done.rows_affected() == 1);
+        }
+        tx.commit().await.map_err(unavailable)?;
+        Ok(written)
     }
 
     async fn counts(&self) -> Result<Counts, OutboxError> {

@@ -34,6 +34,9 @@ pub struct BatchReport {
     /// claimed the event after it ran out) or the database failed: those events are delivered
     /// again after their lease.
     pub unrecorded: usize,
+    /// Claimed but not sent: the delivery could no longer have ended inside the lease (earlier
+    /// deliveries of the batch were slow). They come back after their lease.
+    pub deferred: usize,
 }
 
 impl<O: OutboxStore, S: Sender> Relay<O, S> {
@@ -42,20 +45,51 @@ impl<O: OutboxStore, S: Sender> Relay<O, S> {
         Self { outbox, sender: Arc::new(sender), config }
     }
 
-    /// Claims one batch of due events and delivers it, `concurrency` at a time.
+    /// Claims one batch of due events, delivers it `concurrency` at a time, and writes the
+    /// attempts' ends in one transaction. A delivery starts only while it can still end inside
+    /// the lease (its send timeout is shorter than the lease); an event it cannot reach in time
+    /// stays claimed until its lease runs out, then comes back.
     pub async fn run_once(&self) -> Result<BatchReport, OutboxError> {
+        let claimed_at = Instant::now();
         let batch = self.outbox.claim(self.config.batch.max(1), self.config.lease).await?;
         let mut report = BatchReport { claimed: batch.len(), ..BatchReport::default() };
+        let last_start = (claimed_at + self.config.lease).checked_sub(self.config.effective_send_timeout());
         let mut running = JoinSet::new();
+        let mut ends = Vec::with_capacity(batch.len());
         for leased in batch {
             if running.len() >= self.config.concurrency.max(1) {
-                tally(&mut report, running.join_next().await);
+                collect(&mut ends, &mut report, running.join_next().await);
             }
-            let (outbox, sender, config) = (self.outbox.clone(), self.sender.clone(), self.config);
-            running.spawn(async move { attempt(&outbox, &*sender, &config, leased).await });
+            if last_start.is_none_or(|last| Instant::now() > last) {
+                report.deferred += 1;
+                continue;
+            }
+            let (sender, config) = (self.sender.clone(), self.config);
+            running.spawn(async move {
+                let finish = attempt(&*sender, &config, &leased).await;
+                (leased, finish)
+            });
         }
         while let Some(done) = running.join_next().await {
-            tally(&mut report, Some(done));
+            collect(&mut ends, &mut report, Some(done));
+        }
+        if ends.is_empty() {
+            return Ok(report);
+        }
+        match self.outbox.finish_all(&ends).await {
+            Ok(written) => {
+                for ((_, finish), written) in ends.iter().zip(written) {
+                    if written {
+                        tally(&mut report, finish);
+                    } else {
+                        report.unrecorded += 1;
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "outbox relay: recording a batch's attempts failed; they come back after the lease");
+                report.unrecorded += ends.len();
+            }
         }
         Ok(report)
     }
@@ -111,64 +145,53 @@ const EVENTS_TOTAL: &str = "outbox_events_total";
 #[cfg(feature = "metrics")]
 const OLDEST_PENDING: &str = "outbox_oldest_pending_seconds";
 
-/// How one attempt ended, as far as the relay could record it.
-enum Ended {
-    Delivered,
-    Retried,
-    Dead,
-    Unrecorded,
-}
-
-fn tally(report: &mut BatchReport, done: Option<Result<Ended, tokio::task::JoinError>>) {
+/// Keeps a finished attempt's end; a sender that panicked leaves its event to come back after
+/// the lease.
+fn collect(
+    ends: &mut Vec<(Leased, Finish)>,
+    report: &mut BatchReport,
+    done: Option<Result<(Leased, Finish), tokio::task::JoinError>>,
+) {
     match done {
-        Some(Ok(Ended::Delivered)) => report.delivered += 1,
-        Some(Ok(Ended::Retried)) => report.retried += 1,
-        Some(Ok(Ended::Dead)) => report.dead += 1,
-        // A sender that panicked: its event is delivered again after the lease.
-        Some(Ok(Ended::Unrecorded) | Err(_)) => report.unrecorded += 1,
+        Some(Ok(end)) => ends.push(end),
+        Some(Err(_)) => report.unrecorded += 1,
         None => {}
     }
 }
 
-/// Delivers one leased event and writes the attempt's end.
-async fn attempt<O: OutboxStore, S: Sender>(outbox: &O, sender: &S, config: &RelayConfig, leased: Leased) -> Ended {
+/// Counts a recorded end in the report and in `outbox_events_total`.
+fn tally(report: &mut BatchReport, finish: &Finish) {
+    let result = match finish {
+        Finish::Delivered => {
+            report.delivered += 1;
+            "delivered"
+        }
+        Finish::Retry { .. } => {
+            report.retried += 1;
+            "failed"
+        }
+        Finish::Dead { .. } => {
+            report.dead += 1;
+            "dead"
+        }
+    };
+    #[cfg(feature = "metrics")]
+    metrics::counter!(EVENTS_TOTAL, "result" => result).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = result;
+}
+
+/// Delivers one leased event: how its attempt ends.
+async fn attempt<S: Sender>(sender: &S, config: &RelayConfig, leased: &Leased) -> Finish {
     let sent = match tokio::time::timeout(config.effective_send_timeout(), sender.send(&leased.event)).await {
         Ok(sent) => sent,
         Err(_) => Err(SendError::Timeout),
     };
-    let (finish, ended) = match sent {
-        Ok(()) => (Finish::Delivered, Ended::Delivered),
+    match sent {
+        Ok(()) => Finish::Delivered,
         // The deadline counts from enqueue: an event that has failed for that long is parked.
-        Err(error) if leased.event.age >= config.deadline => (Finish::Dead { error: error.to_string() }, Ended::Dead),
-        Err(error) => {
-            let after = config.backoff(leased.event.attempt);
-            (Finish::Retry { after, error: error.to_string() }, Ended::Retried)
-        }
-    };
-    match outbox.finish(&leased, &finish).await {
-        Ok(true) => {
-            count(&ended);
-            ended
-        }
-        Ok(false) => Ended::Unrecorded,
-        Err(error) => {
-            tracing::warn!(%error, event_id = %leased.event.id, "outbox relay: recording an attempt failed");
-            Ended::Unrecorded
-        }
-    }
-}
-
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn count(ended: &Ended) {
-    #[cfg(feature = "metrics")]
-    {
-        let result = match ended {
-            Ended::Delivered => "delivered",
-            Ended::Retried => "failed",
-            Ended::Dead => "dead",
-            Ended::Unrecorded => return,
-        };
-        metrics::counter!(EVENTS_TOTAL, "result" => result).increment(1);
+        Err(error) if leased.event.age >= config.deadline => Finish::Dead { error: error.to_string() },
+        Err(error) => Finish::Retry { after: config.backoff(leased.event.attempt), error: error.to_string() },
     }
 }
 
