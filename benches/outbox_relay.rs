@@ -41,7 +41,7 @@ use tower_idempotency::outbox::{
 use tower_idempotency::{IdempotencyContext, IdempotencyLayer, PostgresStore, TxHandle};
 
 const EVENTS: usize = 3000;
-const CONCURRENCY: usize = 32;
+const CONCURRENCY: usize = 16;
 const WARM_UP: Duration = Duration::from_secs(2);
 const MEASURE: Duration = Duration::from_secs(3);
 const ROUNDS: usize = 5;

@@ -140,7 +140,10 @@ async fn an_event_comes_back_only_after_its_lease_and_a_lost_lease_changes_nothi
     assert_eq!(second[0].event.attempt, 2);
     assert_eq!(second[0].event.body, first[0].event.body, "the body is the same on every delivery");
     assert!(!f.outbox.finish(&first[0], &Finish::Delivered).await.unwrap(), "the first relay lost its lease");
-    assert!(f.outbox.finish(&second[0], &Finish::Delivered).await.unwrap());
+    let stale = [(first[0].clone(), Finish::Delivered)];
+    assert_eq!(f.outbox.finish_all(&stale).await.unwrap(), [false], "in a batch too");
+    let both = [(second[0].clone(), Finish::Delivered), (first[0].clone(), Finish::Delivered)];
+    assert_eq!(f.outbox.finish_all(&both).await.unwrap(), [true, false], "only the current holder writes");
     let counts = f.outbox.counts().await.unwrap();
     assert_eq!((counts.pending, counts.delivered), (0, 1));
     assert!(f.outbox.claim(10, Duration::from_secs(30)).await.unwrap().is_empty(), "a delivered event stays so");

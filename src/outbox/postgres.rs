@@ -31,6 +31,7 @@ struct Names {
     enqueue: String,
     claim: String,
     delivered: String,
+    delivered_all: String,
     retry: String,
     dead: String,
     counts: String,
@@ -137,6 +138,12 @@ impl Names {
                 "UPDATE {q} SET state = 'delivered', delivered_at = clock_timestamp(), last_error = NULL \
                  WHERE event_id = $1 AND lease_token = $2 AND state = 'pending'"
             ),
+            delivered_all: format!(
+                "UPDATE {q} o SET state = 'delivered', delivered_at = clock_timestamp(), last_error = NULL \
+                 FROM unnest($1::text[], $2::bigint[]) AS d(event_id, lease_token) \
+                 WHERE o.event_id = d.event_id AND o.lease_token = d.lease_token AND o.state = 'pending' \
+                 RETURNING o.event_id, o.lease_token"
+            ),
             retry: format!(
                 "UPDATE {q} SET available_at = clock_timestamp() + $3::float8 * interval '1 millisecond', \
                      last_error = $4 \
@@ -198,12 +205,32 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn finish_all(&self, ends: &[(Leased, Finish)]) -> Result<Vec<bool>, OutboxError> {
-        // One transaction for the batch: one commit (one WAL flush) instead of one per event.
+        // One transaction for the batch: one commit (one WAL flush) instead of one per event, and
+        // the deliveries (the common end) in one statement.
+        let delivered: Vec<&Leased> =
+            ends.iter().filter(|(_, finish)| matches!(finish, Finish::Delivered)).map(|(leased, _)| leased).collect();
         let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        let marked: std::collections::HashSet<(String, i64)> = if delivered.is_empty() {
+            Default::default()
+        } else {
+            let ids: Vec<&str> = delivered.iter().map(|leased| leased.event.id.as_str()).collect();
+            let tokens: Vec<i64> = delivered.iter().map(|leased| leased.lease_token).collect();
+            let rows: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(self.names.delivered_all.as_str()))
+                .bind(ids)
+                .bind(tokens)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(unavailable)?;
+            rows.into_iter().collect()
+        };
         let mut written = Vec::with_capacity(ends.len());
         for (leased, finish) in ends {
-            let done = self.finish_query(leased, finish).execute(&mut *tx).await.map_err(unavailable)?;
-            written.push(done.rows_affected() == 1);
+            if matches!(finish, Finish::Delivered) {
+                written.push(marked.contains(&(leased.event.id.to_string(), leased.lease_token)));
+            } else {
+                let done = self.finish_query(leased, finish).execute(&mut *tx).await.map_err(unavailable)?;
+                written.push(done.rows_affected() == 1);
+            }
         }
         tx.commit().await.map_err(unavailable)?;
         Ok(written)
