@@ -33,6 +33,7 @@ pub(crate) struct AdminToken(Option<Arc<str>>);
 
 impl AdminToken {
     /// A token given in code (tests), or none.
+    #[allow(dead_code, reason = "the tests build the operator listener with a token of their own")]
     pub(crate) fn new(token: Option<&str>) -> Self {
         Self(token.map(Arc::from))
     }
@@ -61,18 +62,11 @@ pub(crate) struct AdminRoutes {
 }
 
 impl AdminRoutes {
-    /// Adds the routes of `other`.
-    pub(crate) fn merge(self, other: AdminRoutes) -> Self {
-        Self { open: self.open.merge(other.open), operator: self.operator.merge(other.operator) }
-    }
-
     /// The operator listener's service: `open` as it is, `operator` behind `token` (or absent
     /// when there is none), 404 for the rest.
     pub(crate) fn into_router(self, token: AdminToken) -> Router {
         let router = match token.0 {
-            Some(token) => {
-                self.open.merge(self.operator.route_layer(middleware::from_fn_with_state(token, require_token)))
-            }
+            Some(token) => self.open.merge(self.operator.layer(middleware::from_fn_with_state(token, require_token))),
             None => self.open,
         };
         router.fallback(|| async { ApiProblem::admin_not_found() })

@@ -34,7 +34,6 @@ mod with_outbox {
     };
     use tower_idempotency::{BoxError, IdempotencyContext};
 
-    use super::super::admin::AdminRoutes;
     use super::super::book::order::Order;
     use super::super::book::storage::{OrderBook, OrderTx, StorageError};
     use super::super::problem::ApiProblem;
@@ -63,8 +62,9 @@ mod with_outbox {
     }
 
     /// Creates the outbox table, starts the relay when `ORDERS_WEBHOOK_URL` is set, and returns
-    /// the operator route `GET /admin/outbox/counts`.
-    pub(crate) async fn start(orders: &OrderBook) -> Result<AdminRoutes, BoxError> {
+    /// the operator route `GET /admin/outbox/counts` (for the operator listener's `/admin/`
+    /// routes).
+    pub(crate) async fn start(orders: &OrderBook) -> Result<Router, BoxError> {
         let webhook = webhook_from_env()?;
         match orders {
             OrderBook::Sqlite(pool) => serve(SqliteOutbox::new(pool.clone()), webhook).await,
@@ -74,15 +74,14 @@ mod with_outbox {
     }
 
     /// The outbox's migration, its relay (if there is a webhook) and its route.
-    async fn serve<O: Outbox>(outbox: O, webhook: Option<WebhookSender>) -> Result<AdminRoutes, BoxError> {
+    async fn serve<O: Outbox>(outbox: O, webhook: Option<WebhookSender>) -> Result<Router, BoxError> {
         outbox.migrate().await?;
         if let Some(sender) = webhook {
             eprintln!("orders: delivering events to ORDERS_WEBHOOK_URL");
             // Stops by itself when the pool closes at shutdown.
             tokio::spawn(Relay::new(outbox.clone(), sender, RelayConfig::default()).run(std::future::pending()));
         }
-        let operator = Router::new().route("/admin/outbox/counts", get(counts::<O>)).with_state(outbox);
-        Ok(AdminRoutes { operator, ..AdminRoutes::default() })
+        Ok(Router::new().route("/admin/outbox/counts", get(counts::<O>)).with_state(outbox))
     }
 
     /// `GET /admin/outbox/counts` → `{"pending": n, "delivered": n, "dead": n}`.
@@ -149,7 +148,6 @@ mod with_outbox {
 mod without_outbox {
     use tower_idempotency::{BoxError, IdempotencyContext};
 
-    use super::super::admin::AdminRoutes;
     use super::super::book::order::Order;
     use super::super::book::storage::{OrderBook, OrderTx};
     use super::super::problem::ApiProblem;
@@ -165,12 +163,12 @@ mod without_outbox {
     }
 
     /// No outbox in this build: refuses `ORDERS_WEBHOOK_URL`, and says how to get one.
-    pub(crate) async fn start(_orders: &OrderBook) -> Result<AdminRoutes, BoxError> {
+    pub(crate) async fn start(_orders: &OrderBook) -> Result<axum::Router, BoxError> {
         if std::env::var("ORDERS_WEBHOOK_URL").is_ok_and(|url| !url.is_empty()) {
             return Err("ORDERS_WEBHOOK_URL is set, but this build has no outbox; \
                         build with `--features outbox`: cargo run --features outbox --example orders"
                 .into());
         }
-        Ok(AdminRoutes::default())
+        Ok(axum::Router::new())
     }
 }
