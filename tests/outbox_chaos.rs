@@ -159,8 +159,9 @@ async fn chaos(database_url: String) {
     let tally = exactly_once(&in_db, &events).unwrap_or_else(|failure| panic!("{failure}"));
     let Tally { events: processed, deliveries } = tally;
     eprintln!(
-        "outbox chaos: {} orders ({} acknowledged), {ORDER_KILLS} service kills and 1 sink kill, {deliveries} \
+        "outbox chaos on {}: {} orders ({} acknowledged), {ORDER_KILLS} service kills and 1 sink kill, {deliveries} \
          deliveries, {} duplicates absorbed, counts {counts}",
+        if database_url.starts_with("sqlite:") { "SQLite" } else { "PostgreSQL" },
         in_db.len(),
         created.load(Ordering::Relaxed),
         deliveries - processed as u64
