@@ -113,6 +113,18 @@
 //! a dead holder's lease marks the record `unknown` instead of running again, unless the route
 //! declares itself re-executable ([`StaleLeasePolicy::Reexecute`]).
 //!
+//! ## Effects that leave the service, and webhook receivers
+//!
+//! A committed execution that must also tell the outside world writes an event to the outbox
+//! in the same transaction (feature `outbox`); a relay delivers it at least once, as a signed
+//! Standard Webhook whose `webhook-id` is derived from the operation id. On the receiving side,
+//! the same layer deduplicates deliveries: keyed on `webhook-id` instead of `Idempotency-Key`
+//! (`IdempotencyLayer::header`), scoped by the sender, behind the signature check, so a
+//! redelivered event replays the first 2xx without being processed again and a reused id with
+//! another body is refused (422 `idempotency_key_reused`). With the receiver's processing in the
+//! layer's transaction (an atomic store), an event is processed by its consumer exactly once. The
+//! `outbox` module's docs show both halves.
+//!
 //! ## Feature flags
 //!
 //! - `axum` (default): extractors for [`IdempotencyContext`] and `TxHandle`, and axum's
@@ -128,6 +140,10 @@
 //!   clients and tonic channels.
 //! - `metrics`: counters through the `metrics` facade (today the client layers' attempts,
 //!   retries and give-ups).
+//! - `outbox`: `outbox`, a transactional outbox for the SQL stores (events enqueued through the
+//!   request's `TxHandle`, a relay with leases, backoff and a deadline), a Standard Webhooks
+//!   sender over hyper-util's client, and the signature check for receivers that deduplicate
+//!   deliveries with this layer keyed on `webhook-id`.
 //! - `testkit`: the conformance suites in `testkit` for your own stores and services.
 //! - `full`: all of the above.
 //! - `grpc-example`: not for library users; compiles the `.proto` files of this crate's own
@@ -163,6 +179,9 @@ mod join;
 pub mod key;
 mod layer;
 mod name;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod outbox;
 pub mod outcome;
 pub mod problem;
 mod protocol;

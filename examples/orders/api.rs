@@ -101,6 +101,7 @@ async fn create_order(
     // the answer in the same transaction and commits the order and the answer together. If
     // the database fails instead, the 503 is released: the layer rolls the transaction back,
     // and the client's retry with the same key executes afresh.
+    super::events::order_created(&state.orders, &transaction, &context, &order).await?;
     transaction.insert(&order).await.map_err(ApiProblem::create_failed)?;
     let location = HeaderValue::try_from(order.location()).map_err(|_| ApiProblem::internal())?;
     Ok((StatusCode::CREATED, [(LOCATION, location)], Json(order)).into_response())

@@ -107,6 +107,11 @@
 //!   lease, and `ORDERS_PSP_IDEMPOTENT` (default `true`) says whether the provider honours keys
 //!   and has a lookup. See `payments/mod.rs`.
 //!
+//! - `ORDERS_WEBHOOK_URL` and `ORDERS_WEBHOOK_SECRET` (in a build with the `outbox` feature):
+//!   every order's `order.created` event, written to the outbox in the create transaction, is
+//!   delivered there as a signed Standard Webhook; the secret (`whsec_…`) is required when the URL
+//!   is set. `GET /admin/outbox/counts` on the operator listener. See `events.rs`.
+//!
 //! It speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, with limits on what
 //! one connection can hold: 32 concurrent streams, 16 KiB of headers, 30 s for an HTTP/1.1
 //! request head, bounded flow-control windows and resets (the table is in `serve.rs`).
@@ -239,6 +244,7 @@
 //! - `api`: the routes (idempotency on `POST /orders` only) and their handlers;
 //! - `create_request`: the body of `POST /orders`, read strictly;
 //! - `cursor`: the signed pagination cursors;
+//! - `events`: `order.created` in the outbox, the webhook relay, the outbox counts;
 //! - `problem`: every error answer;
 //! - `book`: the orders, their rules and their table, shared with the gRPC example;
 //! - `limits`: the body deadline and the buffer budget, from the environment;
@@ -257,6 +263,7 @@ mod book;
 mod create_request;
 mod cursor;
 mod drill;
+mod events;
 mod lifecycle;
 mod limits;
 mod operations;

@@ -126,6 +126,7 @@ async fn assemble<St: Store + Admin, L: Store + Admin>(
     let Settings { cursors, limits, lifecycle, drill, clock, payments } = settings;
     let state = AppState { orders: orders.clone(), cursors, limits, lifecycle, clock };
     let (mut api, mut admin) = with_fast_path(state, store)?;
+    admin.operator = admin.operator.merge(super::events::start(&orders).await?);
     payments::create_table(&orders).await?;
     api = api.merge(payments::routes(orders.clone(), leased.clone(), &lifecycle, &payments));
     admin.operator = admin.operator.merge(payments::operator_routes(orders.clone(), leased.clone(), &lifecycle));

@@ -103,6 +103,7 @@ impl TestDb {
             }
         };
         db.orders.create_table().await.expect("create the orders table");
+        let _outbox_route = crate::orders::events::start(&db.orders).await.expect("create the outbox table");
         db
     }
 

@@ -17,6 +17,7 @@ mod orders {
     mod create_request;
     pub mod cursor;
     mod drill;
+    pub mod events;
     pub mod lifecycle;
     pub mod limits;
     mod operations;
