@@ -146,7 +146,9 @@ pub mod fuzzing;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
+mod heartbeat;
 mod hex;
+mod join;
 pub mod key;
 mod layer;
 mod name;
@@ -154,6 +156,7 @@ pub mod outcome;
 pub mod problem;
 mod protocol;
 pub mod record;
+pub mod recovery;
 mod service;
 pub mod store;
 #[cfg(feature = "testkit")]
@@ -173,6 +176,7 @@ pub use layer::IdempotencyLayer;
 pub use name::InvalidName;
 pub use outcome::OutcomeClass;
 pub use record::{Record, RecordState, StoredResponse};
+pub use recovery::{Reconciliation, RecoveryReport, RecoveryWorker};
 pub use service::IdempotencyService;
 pub use service::REPLAYED_HEADER;
 pub use store::StaleLeasePolicy;
@@ -186,7 +190,7 @@ pub use store::sql::tx;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::SqliteStore;
-pub use store::{Begin, BeginRequest, Claim, CouplingMode, Outcome, Retention, Store};
+pub use store::{Admin, Begin, BeginRequest, Claim, CouplingMode, Outcome, Retention, Store};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub use tx::TxHandle;

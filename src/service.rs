@@ -18,6 +18,7 @@ use crate::config::{Config, RolloutMode};
 use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
 use crate::future::ResponseFuture;
+use crate::heartbeat;
 use crate::key::RecordId;
 use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
@@ -181,6 +182,7 @@ where
 
     // 3. Claim the identity, or answer from what is already there.
     let begin = BeginRequest::new(&id, &fingerprint)
+        .labels(&scope, &operation)
         .wait(config.in_flight_wait)
         .lease(config.lease)
         .stale_lease(config.stale_lease)
@@ -213,12 +215,16 @@ where
         Err(error) => return refuse(store_unavailable(&config, &id, &error)),
     };
 
-    // 4. Run the handler with the context and the claim's handle.
-    parts.extensions.insert(IdempotencyContext::new(id, operation, claim.fencing_token()));
+    // 4. Run the handler with the context and the claim's handle, renewing a leased claim's
+    //    lease beside it.
+    let lease_signal = heartbeat::signal(&claim, config.heartbeat);
+    let (beat, lease_lost) = lease_signal.map_or((None, None), |(beat, lost)| (Some(beat), Some(lost)));
+    parts.extensions.insert(IdempotencyContext::with_lease_signal(id, operation, claim.fencing_token(), lease_lost));
     if let Some(handle) = claim.handle() {
         parts.extensions.insert(handle);
     }
-    let response = inner.call(Request::from_parts(parts, rebuild(body))).await;
+    let handler = inner.call(Request::from_parts(parts, rebuild(body)));
+    let (claim, response) = heartbeat::beside(claim, config.lease, beat, handler).await;
     drop(reservation);
     let response = response?;
 
@@ -252,6 +258,7 @@ where
     let stored = protocol.stored_response(&response_parts, body.clone(), trailers.as_ref());
     let outcome = match class {
         OutcomeClass::Reject => Outcome::Reject(stored),
+        OutcomeClass::Unknown => Outcome::Unknown(stored),
         _ => Outcome::Complete(stored),
     };
     match claim.finish(outcome).await {

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "postgres")]
 use sqlx::Postgres;
 use sqlx::Sqlite;
+use tower_idempotency::store::Admin;
 use tower_idempotency::{IdempotencyContext, IdempotencyLayer, Store, TxHandle};
 use uuid::Uuid;
 
@@ -27,7 +28,9 @@ use super::book::order::Order;
 use super::book::storage::{OrderBook, OrderTx};
 use super::create_request::{draft_from_json, require_json};
 use super::cursor::CursorCodec;
+use super::lifecycle::Lifecycle;
 use super::limits::RequestLimits;
+use super::operations;
 use super::problem::ApiProblem;
 
 /// The operation name of order creation: the route's stable identity for the idempotency layer.
@@ -51,21 +54,28 @@ pub(crate) struct AppState {
     pub(crate) clock: Clock,
     /// The body deadline and the buffer budget of `POST /orders`.
     pub(crate) limits: RequestLimits,
+    /// How long answers replay and tombstones are kept.
+    pub(crate) lifecycle: Lifecycle,
 }
 
-/// The service: authentication on every route, idempotency on `POST /orders` only.
+/// The service: authentication on every route, idempotency on `POST /orders` only, and the
+/// status of the caller's operations (`GET /operations/{operation_id}`, from the same store).
 ///
 /// `idempotency_store` must be an atomic store on the same database as `state.orders`
 /// (a `SqliteStore` beside `OrderBook::Sqlite`, a `PostgresStore` beside
 /// `OrderBook::Postgres`): the create handler writes through its transaction.
-pub(crate) fn app<St: Store>(state: AppState, idempotency_store: St) -> Router {
-    let idempotency = state.limits.apply(IdempotencyLayer::new(idempotency_store).operation(CREATE_OPERATION));
+pub(crate) fn app<St: Store + Admin>(state: AppState, idempotency_store: St) -> Router {
+    let operations = operations::routes(idempotency_store.clone());
+    let idempotency =
+        IdempotencyLayer::new(idempotency_store).operation(CREATE_OPERATION).retention(state.lifecycle.retention());
+    let idempotency = state.limits.apply(idempotency);
     // `layer` on a method router wraps only the handlers added before it: POST is guarded,
     // the GET added afterwards is not.
     let orders = post(create_order).layer(idempotency).get(list_orders);
     Router::new()
         .route("/orders", orders)
         .route("/orders/{order_id}", get(get_order))
+        .merge(operations)
         // Router-wide layers run before the route's own, so an unauthenticated request never
         // reaches the idempotency layer and nothing is stored for it.
         .layer(middleware::from_fn(authenticate))

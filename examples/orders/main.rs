@@ -65,11 +65,17 @@
 //! The first runs on SQLite (`orders.db` in the working directory) with the crate's default
 //! features; the second needs the `postgres` feature.
 //!
-//! It prints `listening on 127.0.0.1:3000` once bound, and stops cleanly on Ctrl-C or
-//! SIGTERM. Environment:
+//! It prints `listening on 127.0.0.1:3000` once bound (then `admin listening on
+//! 127.0.0.1:3001` for the operator listener), and stops cleanly on Ctrl-C or SIGTERM
+//! (in-flight requests finish, the recovery worker stops, then the pools close). Environment:
 //!
 //! - `DATABASE_URL`: where orders and idempotency records live (see *Storage*).
 //! - `ORDERS_ADDR`: the address to bind (default `127.0.0.1:3000`; port `0` picks a free one).
+//! - `ORDERS_ADMIN_ADDR`: the operator listener's address (default `127.0.0.1:3001`; port `0`
+//!   picks a free one). It prints `admin listening on HOST:PORT` once bound, after the public
+//!   `listening on` line. See `admin.rs`.
+//! - `ORDERS_ADMIN_TOKEN`: the bearer token of the operator routes (`/admin/...`), at least 16
+//!   visible ASCII characters. Unset: every `/admin/` route answers 404.
 //! - `ORDERS_CURSOR_SECRET`: the key that signs pagination cursors, at least 16 bytes. Unset:
 //!   a random key per process (cursors then stop working after a restart).
 //! - `REDIS_URL` (`redis://127.0.0.1:6379/`, in a build with the `redis` feature): puts the
@@ -85,6 +91,15 @@
 //!   before it is read with 503 `idempotency_buffer_budget_exhausted` and `Retry-After: 1`. A
 //!   body is charged its `Content-Length`; one without is charged as it arrives (and refused
 //!   the same way when the budget cannot take its next chunk).
+//! - `ORDERS_RETENTION_SECS` (default 86400, one day): how long an answer replays.
+//! - `ORDERS_TOMBSTONE_SECS` (default 604800, seven days): how long after that a retry with
+//!   the same key gets 422 `idempotency_key_expired` (instead of executing again); then the key
+//!   is forgotten.
+//! - `ORDERS_JANITOR_SECS` (default 60): how often the recovery worker runs (stale leases,
+//!   reconciliation, purge of what is past its retention; see `recovery.rs`).
+//!
+//!   These three are seconds, fractions allowed (`0.5`), greater than zero and at most ten
+//!   years; anything else stops the start (see `lifecycle.rs`).
 //!
 //! It speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, with limits on what
 //! one connection can hold: 32 concurrent streams, 16 KiB of headers, 30 s for an HTTP/1.1
@@ -167,6 +182,12 @@
 //!   request created the order, and is derived one-way (it reveals neither key nor account).
 //! - **`GET /orders/{order_id}`**: the order if it belongs to the caller. Another account's
 //!   order, an unknown id and a malformed id all answer the same 404 `order_not_found`.
+//! - **`GET /operations/{operation_id}`**: what became of one of the caller's idempotent
+//!   requests, by its operation id (an order's `idempotency_operation_id`): 200
+//!   `{"operation_id", "state", "status", "location"}`, `state` one of `processing`,
+//!   `succeeded`, `failed`, `unknown`, `expired`, `status` and `location` those of the stored
+//!   answer (or null). Another account's operation, an unknown id and a malformed id all
+//!   answer the same 404 `operation_not_found`.
 //! - **`GET /orders?limit=&cursor=`**: `{"orders": [...], "next_cursor": string | null}`,
 //!   newest first by `(created_at, order_id)` descending. `limit` is 1 to 100 (default 20);
 //!   anything else is 400 `invalid_limit`. `cursor` is the previous page's `next_cursor`;
@@ -174,6 +195,16 @@
 //!   400 `invalid_cursor`. `next_cursor` is null on the last page. Unknown query
 //!   parameters are ignored; a query that cannot be read (a repeated `limit`, say) is 400
 //!   `invalid_query`.
+//!
+//! **Retention**: an answer replays for `ORDERS_RETENTION_SECS` (a day by default); for
+//! `ORDERS_TOMBSTONE_SECS` after that (seven days) a retry gets 422 `idempotency_key_expired`
+//! and is not executed; after both the key is new again. README.md says the same for clients.
+//!
+//! **Operator routes**, on the operator listener behind `ORDERS_ADMIN_TOKEN` (see
+//! `operator.rs` for the answers): `GET` and `DELETE /admin/idempotency/record`, `POST
+//! /admin/idempotency/record/settle` (the record named by `account`, `operation` and `key`
+//! query parameters), `GET /admin/idempotency/unknown?limit=N` and `GET
+//! /admin/idempotency/counts`.
 //!
 //! The cursor is `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))` where the
 //! payload is JSON `{"v":1,"created_at":<unix microseconds>,"order_id":"…","account":"…"}`
@@ -184,6 +215,13 @@
 //!
 //! One module per step, in the order a request meets them:
 //!
+//! - `admin`: the operator listener and its token;
+//! - `operator` and `operator_request`: the operator routes of the idempotency records, and
+//!   what they read from a request;
+//! - `operations`: `GET /operations/{operation_id}`;
+//! - `lifecycle` and `recovery`: retention from the environment, and the recovery worker;
+//! - `drill`: the crash drill, a leased route the crash test turns on (`ORDERS_CRASH_DRILL`;
+//!   not part of the interface);
 //! - `auth`: `Authorization: Bearer <account>` becomes the account and the idempotency scope;
 //! - `api`: the routes (idempotency on `POST /orders` only) and their handlers;
 //! - `create_request`: the body of `POST /orders`, read strictly;
@@ -199,21 +237,31 @@ use std::sync::Arc;
 
 use tower_idempotency::BoxError;
 
+mod admin;
 mod api;
 mod auth;
 mod book;
 mod create_request;
 mod cursor;
+mod drill;
+mod lifecycle;
 mod limits;
+mod operations;
+mod operator;
+mod operator_request;
 mod problem;
+mod recovery;
 mod serve;
 mod shutdown;
 mod startup;
 
+use admin::{AdminToken, DEFAULT_ADMIN_ADDR};
 use book::created_at::CreatedAt;
 use cursor::CursorCodec;
+use lifecycle::Lifecycle;
 use limits::RequestLimits;
 use shutdown::shutdown_signal;
+use startup::Settings;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -227,19 +275,55 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Opens the database, binds, announces `listening on <addr>` as the first line of stdout,
-/// and serves until Ctrl-C or SIGTERM.
+/// Opens the database, binds both listeners, announces `listening on <addr>` as the first line
+/// of stdout and `admin listening on <addr>` as the second, and serves until Ctrl-C or SIGTERM.
 async fn serve() -> Result<(), BoxError> {
     let address = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    let cursors = CursorCodec::from_env()?;
-    let limits = RequestLimits::from_env()?;
+    let admin_address = std::env::var("ORDERS_ADMIN_ADDR").unwrap_or_else(|_| DEFAULT_ADMIN_ADDR.to_owned());
+    let admin_token = AdminToken::from_env()?;
+    let settings = Settings {
+        cursors: CursorCodec::from_env()?,
+        limits: RequestLimits::from_env()?,
+        lifecycle: Lifecycle::from_env()?,
+        drill: drill::mode_from_env()?,
+        clock: Arc::new(CreatedAt::now),
+    };
+    let janitor_every = settings.lifecycle.janitor_every;
     let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
-    let (router, orders) = startup::open(database_url.as_deref(), cursors, limits, Arc::new(CreatedAt::now)).await?;
+    let opened = startup::open(database_url.as_deref(), settings).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
-    println!("listening on {}", listener.local_addr()?);
-    serve::serve(listener, router, shutdown_signal()).await?;
-    // In-flight requests have finished (their transactions are committed or rolled back):
-    // close the database connections.
-    orders.close().await;
+    let admin_listener = tokio::net::TcpListener::bind(&admin_address).await?;
+    announce(&format!("listening on {}", listener.local_addr()?));
+    announce(&format!("admin listening on {}", admin_listener.local_addr()?));
+
+    // One signal stops both listeners.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let admin_router = opened.admin.into_router(admin_token);
+    let (api, admin, ()) = tokio::join!(
+        serve::serve(listener, opened.api, until_stopped(stopped.clone())),
+        serve::serve(admin_listener, admin_router, until_stopped(stopped.clone())),
+        opened.recovery.run(janitor_every, until_stopped(stopped)),
+    );
+    api?;
+    admin?;
+    // In-flight requests have finished (their transactions are committed or rolled back), and
+    // the recovery worker has stopped: close the database connections.
+    opened.orders.close().await;
     Ok(())
+}
+
+/// Writes one line to stdout and flushes it. A stdout nobody reads any more (a supervisor that
+/// read the first line and closed the pipe) is not a reason to stop serving, so a failed write
+/// is ignored, where `println!` would panic.
+fn announce(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }

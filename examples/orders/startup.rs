@@ -1,5 +1,6 @@
 //! Start-up: opens the database `DATABASE_URL` names, creates what is missing, and assembles
-//! the service over an atomic idempotency store on that same database.
+//! the service over an atomic idempotency store on that same database: the public API, the
+//! operator routes and the recovery worker (with the crash drill's leased route when it is on).
 
 use std::str::FromStr;
 
@@ -9,27 +10,54 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqliteConnectOptions;
 #[cfg(feature = "postgres")]
 use tower_idempotency::PostgresStore;
-use tower_idempotency::{BoxError, SqliteStore, Store};
+use tower_idempotency::store::Admin;
+use tower_idempotency::{BoxError, CouplingMode, SqliteStore, Store};
 
+use super::admin::AdminRoutes;
 use super::api::{AppState, Clock, app};
 use super::book::storage::{DEFAULT_SQLITE_FILE, OrderBook, connect_sqlite};
 use super::cursor::CursorCodec;
+use super::drill::DrillMode;
+use super::lifecycle::Lifecycle;
 use super::limits::RequestLimits;
+use super::recovery::{self, Recovery};
+use super::{drill, operator};
+
+/// What start-up assembles: the public API, the operator listener's routes, the order book and
+/// the recovery worker.
+pub(crate) struct Opened {
+    /// The public API (`ORDERS_ADDR`).
+    pub(crate) api: Router,
+    /// The routes of the operator listener (`ORDERS_ADMIN_ADDR`).
+    pub(crate) admin: AdminRoutes,
+    /// The orders, closed on shutdown.
+    pub(crate) orders: OrderBook,
+    /// The recovery worker, run until shutdown.
+    pub(crate) recovery: Recovery,
+}
+
+/// What the service is made of besides its database.
+pub(crate) struct Settings {
+    /// Signs pagination cursors.
+    pub(crate) cursors: CursorCodec,
+    /// The limits on request bodies.
+    pub(crate) limits: RequestLimits,
+    /// Retention and the recovery worker's period.
+    pub(crate) lifecycle: Lifecycle,
+    /// The crash drill's leased route, if on (`ORDERS_CRASH_DRILL`).
+    pub(crate) drill: Option<DrillMode>,
+    /// Where `created_at` comes from.
+    pub(crate) clock: Clock,
+}
 
 /// Opens the database `database_url` names (see *Storage* in `main.rs`), creates what is
 /// missing, and returns the service with its order book.
-pub(crate) async fn open(
-    database_url: Option<&str>,
-    cursors: CursorCodec,
-    limits: RequestLimits,
-    clock: Clock,
-) -> Result<(Router, OrderBook), BoxError> {
-    let state = |orders: &OrderBook| AppState { orders: orders.clone(), cursors, limits, clock };
+pub(crate) async fn open(database_url: Option<&str>, settings: Settings) -> Result<Opened, BoxError> {
     match database_url {
-        None => open_sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE), state).await,
-        Some(url) if url.starts_with("sqlite:") => open_sqlite(SqliteConnectOptions::from_str(url)?, state).await,
+        None => open_sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE), settings).await,
+        Some(url) if url.starts_with("sqlite:") => open_sqlite(SqliteConnectOptions::from_str(url)?, settings).await,
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            open_postgres(url, state).await
+            open_postgres(url, settings).await
         }
         // Not echoed: the URL may carry a password.
         Some(_) => Err("DATABASE_URL must start with sqlite:, postgres:// or postgresql://".into()),
@@ -37,10 +65,7 @@ pub(crate) async fn open(
 }
 
 /// SQLite: the file of `options`, created if missing.
-async fn open_sqlite(
-    options: SqliteConnectOptions,
-    state: impl FnOnce(&OrderBook) -> AppState,
-) -> Result<(Router, OrderBook), BoxError> {
+async fn open_sqlite(options: SqliteConnectOptions, settings: Settings) -> Result<Opened, BoxError> {
     eprintln!("orders: storage is SQLite, {}", options.get_filename().display());
     let pool = connect_sqlite(options).await?;
     // One store per database, cloned wherever it is needed: the SQLite store keeps the
@@ -49,12 +74,14 @@ async fn open_sqlite(
     store.migrate().await?;
     let orders = OrderBook::Sqlite(pool);
     orders.create_table().await?;
-    Ok((with_fast_path(state(&orders), store)?, orders))
+    let leased = store.clone().mode(CouplingMode::Leased);
+    let worker = recovery::worker(leased.clone(), &settings.lifecycle, reconciled_drill(&settings, &orders));
+    assemble(orders, store, leased, settings, Recovery::Sqlite(worker)).await
 }
 
 /// PostgreSQL: the existing database `url` names.
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str, state: impl FnOnce(&OrderBook) -> AppState) -> Result<(Router, OrderBook), BoxError> {
+async fn open_postgres(url: &str, settings: Settings) -> Result<Opened, BoxError> {
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(super::book::storage::POOL_ACQUIRE_TIMEOUT)
@@ -67,29 +94,63 @@ async fn open_postgres(url: &str, state: impl FnOnce(&OrderBook) -> AppState) ->
     let orders = OrderBook::Postgres(pool);
     orders.create_table().await?;
     eprintln!("orders: storage is PostgreSQL");
-    Ok((with_fast_path(state(&orders), store)?, orders))
+    let leased = store.clone().mode(CouplingMode::Leased);
+    let worker = recovery::worker(leased.clone(), &settings.lifecycle, reconciled_drill(&settings, &orders));
+    assemble(orders, store, leased, settings, Recovery::Postgres(worker)).await
+}
+
+/// The order book whose drill effects the recovery worker reconciles, if the drill is on and
+/// reconciled.
+fn reconciled_drill<'a>(settings: &Settings, orders: &'a OrderBook) -> Option<&'a OrderBook> {
+    (settings.drill == Some(DrillMode::Reconciled)).then_some(orders)
+}
+
+/// The service over the atomic `store` of `orders`' database, and the drill's route over the
+/// `leased` store of the same table when the drill is on.
+async fn assemble<St: Store + Admin, L: Store>(
+    orders: OrderBook,
+    store: St,
+    leased: L,
+    settings: Settings,
+    recovery: Recovery,
+) -> Result<Opened, BoxError> {
+    let Settings { cursors, limits, lifecycle, drill, clock } = settings;
+    let state = AppState { orders: orders.clone(), cursors, limits, lifecycle, clock };
+    let (mut api, admin) = with_fast_path(state, store)?;
+    if let Some(mode) = drill {
+        drill::create_table(&orders).await?;
+        api = api.merge(drill::routes(orders.clone(), leased, &lifecycle, mode));
+        eprintln!("orders: crash drill on (POST /drill/effects, {mode:?})");
+    }
+    Ok(Opened { api, admin, orders, recovery })
 }
 
 /// PostgreSQL in a build without the `postgres` feature: refuse to start, and say how to fix it.
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(
-    _url: &str,
-    _state: impl FnOnce(&OrderBook) -> AppState,
-) -> Result<(Router, OrderBook), BoxError> {
+async fn open_postgres(_url: &str, _settings: Settings) -> Result<Opened, BoxError> {
     Err("DATABASE_URL names a PostgreSQL database, but this build has no PostgreSQL support; \
          build with `--features postgres`: cargo run --features postgres --example orders"
         .into())
 }
 
-/// The service over `store`, behind the Redis fast path (a lock and replay cache in front of
-/// the store) when `REDIS_URL` is set and the build has the `redis` feature.
-fn with_fast_path<St: Store>(state: AppState, store: St) -> Result<Router, BoxError> {
+/// The public API and the operator routes over `store`, behind the Redis fast path (a lock and
+/// replay cache in front of the store) when `REDIS_URL` is set and the build has the `redis`
+/// feature. The operator routes go through the fast path too, so that a record they change is
+/// never replayed from a stale cached copy.
+fn with_fast_path<St: Store + Admin>(state: AppState, store: St) -> Result<(Router, AdminRoutes), BoxError> {
     #[cfg(feature = "redis")]
     if let Some(url) = std::env::var("REDIS_URL").ok().filter(|url| !url.is_empty()) {
         // Lazy: the service starts, on its database alone, even while Redis is down.
         let fast = tower_idempotency::FastPath::connect(store, &url)?;
         eprintln!("orders: Redis fast path on");
-        return Ok(app(state, fast));
+        return Ok(services(state, fast));
     }
-    Ok(app(state, store))
+    Ok(services(state, store))
+}
+
+/// The public API and the operator routes over one store.
+fn services<St: Store + Admin>(state: AppState, store: St) -> (Router, AdminRoutes) {
+    let retention = state.lifecycle.retention();
+    let admin = operator::routes(store.clone(), retention);
+    (app(state, store), admin)
 }

@@ -139,6 +139,8 @@ pub(super) struct AtomicClaim {
     replace: bool,
     /// The transaction, until the claim is finished.
     handle: Option<TxHandle<Postgres>>,
+    /// The operation and scope digest the record is labelled with.
+    labels: (Option<String>, Option<[u8; 32]>),
 }
 
 impl AtomicClaim {
@@ -157,6 +159,10 @@ impl AtomicClaim {
             wait: request.wait,
             replace,
             handle: Some(handle),
+            labels: (
+                crate::store::admin::kept_operation(request.operation).map(str::to_owned),
+                request.scope.map(|scope| scope.digest()),
+            ),
         }
     }
 
@@ -176,7 +182,14 @@ impl AtomicClaim {
         // `processing` row): a prepared INSERT, planned once per connection, then COMMIT. The
         // primary key decides: if another record holds the identity, the INSERT fails, the
         // COMMIT never runs, and the business write rolls back.
-        let insert = self.store.atomic.store_outcome(&self.id, state, &self.fingerprint, &response, self.retention);
+        let insert = self.store.atomic.store_outcome(
+            &self.id,
+            state,
+            &self.fingerprint,
+            &response,
+            self.retention,
+            &self.labels,
+        );
         if let Err(error) = insert.execute(&mut *tx).await {
             let lost = self.store.is_identity_conflict(&error);
             tx.discard().await;
@@ -259,10 +272,11 @@ impl AtomicStatements {
             // from the sequence).
             store: AssertSqlSafe(format!(
                 "INSERT INTO {t} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                     response_status, response_headers, response_body, response_until, forget_at) \
+                     response_status, response_headers, response_body, response_until, forget_at, \
+                     operation, scope_digest, operation_id) \
                  VALUES ($1, $2, $3, $4, 0, $5, $6, $7, \
                      clock_timestamp() + $8::float8 * interval '1 millisecond', \
-                     clock_timestamp() + $9::float8 * interval '1 millisecond')"
+                     clock_timestamp() + $9::float8 * interval '1 millisecond', $10, $11, $12)"
             ))
             .into_sql_str(),
             table: t,
@@ -335,8 +349,9 @@ impl AtomicStatements {
         fingerprint: &Fingerprint,
         response: &StoredResponse,
         retention: Retention,
+        (operation, scope): &(Option<String>, Option<[u8; 32]>),
     ) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
-        let keep = millis(retention.response);
+        let keep = millis(retention.live_for(state));
         sqlx::query(self.store.clone())
             .bind(id.digest().to_vec())
             .bind(state.as_str())
@@ -347,6 +362,9 @@ impl AtomicStatements {
             .bind(response.body.to_vec())
             .bind(keep)
             .bind(keep.saturating_add(millis(retention.tombstone)))
+            .bind(operation.clone())
+            .bind(scope.map(|digest| digest.to_vec()))
+            .bind(id.operation_id_bytes().to_vec())
     }
 
     /// The read with the identity written in (it is our hex digest, never client text).
