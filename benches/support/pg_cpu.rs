@@ -49,7 +49,7 @@ impl PgCpu {
     pub async fn new(admin: PgPool, database: &str) -> Self {
         let backend: i32 =
             sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&admin).await.expect("a backend pid");
-        let postmaster = u32::try_from(backend).ok().and_then(|pid| stat_fields(pid)).map(|fields| fields.ppid);
+        let postmaster = u32::try_from(backend).ok().and_then(stat_fields).map(|fields| fields.ppid);
         Self { admin, database: database.to_owned(), postmaster }
     }
 
