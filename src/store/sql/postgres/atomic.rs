@@ -56,34 +56,13 @@ impl PostgresStore {
                 None => acquire_by(&self.records.pool, deadline).await.map_err(unavailable)?,
             };
             let lock_ms = millis(deadline.saturating_duration_since(Instant::now()));
-            let policy = request.stale_lease;
-            let begin = if replace {
-                self.atomic.begin_claim(request.id, request.fingerprint, policy, lock_ms, replace)
-            } else {
-                self.atomic.begin_lock(request.id, request.fingerprint, policy, lock_ms)
-            };
+            let begin = self.atomic.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms, replace);
             let failed = match ManagedTx::begin(conn, begin).await {
-                Ok(tx) if !replace => {
-                    let mut tx = OpenTx::Managed(tx);
-                    // The lock is held: read again, in a statement whose snapshot is taken after
-                    // it, so a record committed while this request waited (or between the
-                    // first read and the lock) is seen. The prepared read, planned once per
-                    // connection.
-                    match Pg::fetch_record(&mut tx, self.records.statements.read(request.id)).await {
-                        Ok(None) => return Ok(self.claimed(request, tx, replace)),
-                        Ok(Some(row)) => {
-                            // Rolled back (and the lock released) when the connection goes
-                            // back to the pool, in the same round trip as the pool's check.
-                            drop(tx);
-                            found = Some(row);
-                            continue;
-                        }
-                        // Rolled back as above; a connection that cannot even do that is closed
-                        // by the pool's check.
-                        Err(error) => return Err(error),
-                    }
+                Ok(tx) => {
+                    let handle = TxHandle::from_open(OpenTx::Managed(tx));
+                    let claim = AtomicClaim::new(self, request, handle, replace);
+                    return Ok(Begin::Claimed(PgClaim(Held::Atomic(claim))));
                 }
-                Ok(tx) => return Ok(self.claimed(request, OpenTx::Managed(tx), replace)),
                 Err((error, failed)) => match sqlstate(&error).as_deref() {
                     Some(RECORD_EXISTS) => failed,
                     Some(LOCK_NOT_AVAILABLE) => {
@@ -106,13 +85,6 @@ impl PostgresStore {
             replace = false;
             found = rollback_and_read(failed, &self.atomic.read_literal(request.id)).await?;
         }
-    }
-
-    /// The claim holding `tx`.
-    fn claimed(&self, request: &BeginRequest<'_>, tx: OpenTx<Postgres>, replace: bool) -> Begin<PgClaim> {
-        let handle = TxHandle::from_open(tx);
-        let claim = AtomicClaim::new(self, request, handle, replace);
-        Begin::Claimed(PgClaim(Held::Atomic(claim)))
     }
 
     /// Whether `error` is the records table's primary key turning this claim's record away
@@ -179,30 +151,37 @@ impl AtomicClaim {
             tx = self.reclaim().await?;
         }
         // The record is written once, with its outcome (atomic mode never commits a
-        // `processing` row): a prepared INSERT, planned once per connection, then COMMIT. The
-        // primary key decides: if another record holds the identity, the INSERT fails, the
-        // COMMIT never runs, and the business write rolls back.
-        let insert = self.store.atomic.store_outcome(
-            &self.id,
-            state,
-            &self.fingerprint,
-            &response,
-            self.retention,
-            &self.labels,
+        // `processing` row), and committed in the same round trip. The primary key decides: if
+        // another record holds the identity, the INSERT fails, the COMMIT after it never runs,
+        // and the business write rolls back. The trailing BEGIN opens an empty transaction that
+        // matches sqlx's bookkeeping (it still counts one open); it is rolled back when the
+        // connection returns to the pool, in the same round trip as the pool's own check.
+        let statement = format!(
+            "{insert}; COMMIT; BEGIN",
+            insert = self.store.atomic.store_outcome_call(
+                &self.id,
+                state.as_str(),
+                &self.fingerprint,
+                &response,
+                self.retention,
+                &self.labels,
+            ),
         );
-        if let Err(error) = insert.execute(&mut *tx).await {
-            let lost = self.store.is_identity_conflict(&error);
-            tx.discard().await;
-            return Err(if lost {
-                // Another request's record won: this execution's writes rolled back.
-                FinishError::ClaimLost
-            } else {
-                // Nothing committed: a retry with the same key is safe.
-                FinishError::CommitUncertain(Box::new(error))
-            });
+        match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
+            Ok(_) => Ok(()),
+            Err(error) => {
+                let lost = self.store.is_identity_conflict(&error);
+                tx.discard().await;
+                if lost {
+                    // Another request's record won: this execution's writes rolled back.
+                    Err(FinishError::ClaimLost)
+                } else {
+                    // The INSERT failed (nothing committed) or the COMMIT did (its fate is
+                    // unknown): either way a retry with the same key is safe.
+                    Err(FinishError::CommitUncertain(Box::new(error)))
+                }
+            }
         }
-        // A failed COMMIT's fate is unknown: a retry with the same key is safe.
-        tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error)))
     }
 
     /// Claims this identity again, in a new transaction, to store a failure: taking the
@@ -245,18 +224,16 @@ impl Drop for AtomicClaim {
     }
 }
 
-/// The statements of the atomic path, and what it checks errors by. The claim's first statement
-/// travels with `BEGIN` in the simple-query protocol (values written in as hex literals and
-/// numbers we produced, never client text); the outcome's INSERT is prepared once per
-/// connection (sqlx's statement cache) and bound.
+/// The statements of the atomic path, sent with the simple-query protocol (values written in
+/// as hex literals and numbers we produced, never client text), and what it checks errors by.
 #[derive(Debug)]
 pub(super) struct AtomicStatements {
-    /// The outcome's INSERT, with bound parameters.
-    store: SqlStr,
     /// The read, for the simple-query protocol: `{id}` is replaced with a hex digest.
     read_template: String,
     /// The table, qualified.
     table: String,
+    /// The `_store` function, qualified.
+    store_function: String,
     /// The table's primary key constraint: a violation of it is another record's claim.
     primary_key: String,
     /// The `_claim` function, qualified.
@@ -268,18 +245,8 @@ impl AtomicStatements {
         let t = format!("\"{schema}\".\"{table}\"");
         Self {
             read_template: format!("SELECT {columns} FROM {t} WHERE record_id = {}", bytea_literal("{id}")),
-            // An atomic record never held a lease: fencing token 0 (leased claims draw theirs
-            // from the sequence).
-            store: AssertSqlSafe(format!(
-                "INSERT INTO {t} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                     response_status, response_headers, response_body, response_until, forget_at, \
-                     operation, scope_digest, operation_id) \
-                 VALUES ($1, $2, $3, $4, 0, $5, $6, $7, \
-                     clock_timestamp() + $8::float8 * interval '1 millisecond', \
-                     clock_timestamp() + $9::float8 * interval '1 millisecond', $10, $11, $12)"
-            ))
-            .into_sql_str(),
             table: t,
+            store_function: format!("\"{schema}\".\"{table}_store\""),
             primary_key: format!("{table}_pkey"),
             claim_function: format!("\"{schema}\".\"{table}_claim\""),
         }
@@ -322,54 +289,39 @@ impl AtomicStatements {
         AssertSqlSafe(statement).into_sql_str()
     }
 
-    /// Atomic, uncontended: BEGIN and the transaction-scoped advisory lock on the identity, as
-    /// one simple query. Only when the lock is taken (a concurrent claimant holds it) does it
-    /// call the migration's `_claim` function, which waits for it at most `lock_ms`
-    /// (`lock_timeout`) and refuses with SQLSTATE TI001 if a live record appeared meanwhile.
-    /// The caller then reads the record in a statement of its own, whose snapshot is taken
-    /// after the lock. The values are ours (hex digests and integers), never the client's text.
-    fn begin_lock(&self, id: &RecordId, fingerprint: &Fingerprint, policy: StaleLeasePolicy, lock_ms: i64) -> SqlStr {
-        let lock_key = lock_key(id);
-        let (id, fingerprint) = (bytea_literal(&id.to_hex()), bytea_literal(&fingerprint.to_hex()));
-        let reexecute = policy == StaleLeasePolicy::Reexecute;
-        let lock_ms = lock_ms.clamp(1, i64::from(i32::MAX));
-        AssertSqlSafe(format!(
-            "BEGIN; SELECT CASE WHEN NOT pg_try_advisory_xact_lock({lock_key}) \
-                 THEN {function}({id}, {lock_key}, {lock_ms}, {fingerprint}, {reexecute}) END",
-            function = self.claim_function,
-        ))
-        .into_sql_str()
+    /// The read with the identity written in (it is our hex digest, never client text).
+    fn read_literal(&self, id: &RecordId) -> String {
+        self.read_template.replace("{id}", &id.to_hex())
     }
 
-    /// Atomic: the outcome's INSERT, bound (the record, written once with its answer).
-    fn store_outcome(
+    /// Atomic: the call of the migration's `<table>_store` function, which inserts the record
+    /// with its outcome, for the simple-query protocol. Every value is written in as hex or a
+    /// number we produced; none is client text.
+    fn store_outcome_call(
         &self,
         id: &RecordId,
-        state: RecordState,
+        state: &'static str,
         fingerprint: &Fingerprint,
         response: &StoredResponse,
         retention: Retention,
         (operation, scope): &(Option<String>, Option<[u8; 32]>),
-    ) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
-        let keep = millis(retention.live_for(state));
-        sqlx::query(self.store.clone())
-            .bind(id.digest().to_vec())
-            .bind(state.as_str())
-            .bind(i16::from(fingerprint.version()))
-            .bind(fingerprint.digest().to_vec())
-            .bind(response.status.as_u16() as i16)
-            .bind(response.encode_fields())
-            .bind(response.body.to_vec())
-            .bind(keep)
-            .bind(keep.saturating_add(millis(retention.tombstone)))
-            .bind(operation.clone())
-            .bind(scope.map(|digest| digest.to_vec()))
-            .bind(id.operation_id_bytes().to_vec())
-    }
-
-    /// The read with the identity written in (it is our hex digest, never client text).
-    fn read_literal(&self, id: &RecordId) -> String {
-        self.read_template.replace("{id}", &id.to_hex())
+    ) -> String {
+        let keep = millis(retention.live_for(RecordState::parse(state).unwrap_or(RecordState::Completed)));
+        format!(
+            "SELECT {function}({id}, '{state}', {version}::smallint, {fp}, {status}::smallint, {fields}, {body}, \
+                 {keep}, {forget}, {operation}::text, {scope}::bytea, {operation_id})",
+            operation = operation.as_deref().map_or_else(|| "NULL".to_owned(), text_literal),
+            scope = scope.map_or_else(|| "NULL".to_owned(), |digest| bytea_literal(&crate::hex::encode(&digest))),
+            operation_id = bytea_literal(&crate::hex::encode(&id.operation_id_bytes())),
+            function = self.store_function,
+            id = bytea_literal(&id.to_hex()),
+            version = fingerprint.version(),
+            fp = bytea_literal(&fingerprint.to_hex()),
+            status = response.status.as_u16(),
+            fields = bytea_literal(&crate::hex::encode(&response.encode_fields())),
+            body = bytea_literal(&crate::hex::encode(&response.body)),
+            forget = keep.saturating_add(millis(retention.tombstone)),
+        )
     }
 }
 
@@ -378,6 +330,13 @@ impl AtomicStatements {
 /// as it is (a `decode(..)` call would cost a function lookup on every statement).
 fn bytea_literal(hex: &str) -> String {
     format!("E'\\\\x{hex}'::bytea")
+}
+
+/// A text literal for the simple-query protocol: an escape string with its backslashes and
+/// quotes doubled, which reads the same whatever `standard_conforming_strings` says (the text
+/// is an operation name, which has no NUL: see `kept_operation`).
+fn text_literal(text: &str) -> String {
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// The advisory lock key of an identity: the first eight bytes of its digest.

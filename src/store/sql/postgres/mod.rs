@@ -17,32 +17,25 @@
 //!
 //! 1. A plain read of the record (a prepared statement), outside any transaction: a retry of a
 //!    finished request is answered from it, with no transaction and no lock.
-//! 2. On the same connection, `BEGIN` and a transaction-scoped advisory lock on the identity in
-//!    one round trip (a simple query), taken at once when nobody holds it. Only when another
-//!    claimant holds it does the statement call the migration's `<table>_claim` function, which
-//!    waits for it at most the in-flight wait (`lock_timeout`, not a sleep loop) and refuses if
-//!    a record appeared meanwhile. A concurrent duplicate therefore waits for the first
-//!    request's COMMIT or ROLLBACK, then sees its outcome.
-//! 3. The read again, prepared, in a statement of its own whose snapshot is taken after the
-//!    lock: a record committed between the first read and the lock is seen, and answered from.
-//!    A record that a read found forgotten (or a dead lease, on a re-executable route) is
-//!    instead deleted under the lock, in the claim's round trip (the literal claim statement).
-//! 4. The handler's own statements, on the transaction's connection ([`TxHandle`](crate::tx::TxHandle)).
-//! 5. The record, written once with its outcome by a prepared INSERT (planned once per
-//!    connection, its values bound), then `COMMIT`. Atomic mode never commits a `processing`
-//!    row. The primary key decides here: if another record holds the identity, the INSERT
-//!    fails, the COMMIT does not run and the business write rolls back.
+//! 2. On the same connection, `BEGIN` and the migration's `<table>_claim` function in one round
+//!    trip: a transaction-scoped advisory lock on the identity, taken at once when nobody holds
+//!    it and otherwise waited for, at most the in-flight wait (`lock_timeout`, not a sleep
+//!    loop), then a check that no record appeared meanwhile. A concurrent duplicate therefore
+//!    waits for the first request's COMMIT or ROLLBACK, then sees its outcome. A record that
+//!    the read found forgotten (or a dead lease, on a re-executable route) is deleted here,
+//!    under the lock, in the same round trip.
+//! 3. The handler's own statements, on the transaction's connection ([`TxHandle`](crate::tx::TxHandle)).
+//! 4. The record, written once with its outcome by the migration's `<table>_store` function (a
+//!    plain INSERT, planned once per session), and `COMMIT`, in one round trip. Atomic mode
+//!    never commits a `processing` row. The primary key decides here: if another record holds
+//!    the identity, the INSERT fails, the COMMIT does not run and the business write rolls back.
 //!
-//! Against a bare `BEGIN; INSERT; COMMIT` this costs a lock, two index probes and two round
-//! trips more than the handler writing its answer's row itself; `benches/pg_orders.rs` measures
-//! what that comes to, in throughput and in PostgreSQL's CPU per request. (There, the outcome
-//! as a prepared INSERT with a COMMIT of its own cost PostgreSQL less CPU per request than the
-//! one-round-trip, simple-query call of the migration's plpgsql `<table>_store` function it
-//! replaced, which PostgreSQL parsed and planned on every request.)
+//! Against a bare `BEGIN; INSERT; COMMIT` this costs one more round trip (the read), a lock, an
+//! index probe and the record's row; `benches/pg_orders.rs` measures what that comes to.
 //!
-//! At READ COMMITTED (PostgreSQL's default) step 3 sees a record committed while step 2 waited.
-//! At REPEATABLE READ or SERIALIZABLE the transaction's snapshot predates the wait, so a duplicate
-//! may run the handler after the first request committed; step 5 then rolls it back and answers 503
+//! At READ COMMITTED (PostgreSQL's default) step 2 sees a record committed while it waited. At
+//! REPEATABLE READ or SERIALIZABLE its snapshot predates the wait, so a duplicate may run the
+//! handler after the first request committed; step 4 then rolls it back and answers 503
 //! `idempotency_commit_uncertain`, and its retry replays. Either way one execution commits.
 //!
 //! **An exhausted pool** (every connection held, say by requests whose handlers are still
