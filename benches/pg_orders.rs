@@ -19,6 +19,14 @@
 //! throughput, p50 and p99 latency over all windows, and the ratios the project tracks: overall,
 //! and the median and range of the per-round ratios (windows of one round run minutes apart at
 //! most, so they share the machine's mood). `PG_ORDERS_ROUNDS` overrides the number of rounds.
+//!
+//! Each window also reads **PostgreSQL's CPU per request** (`support/pg_cpu.rs`): the user +
+//! system CPU time of the benchmark database's backends over the window, divided by the
+//! window's requests, and the same for every process of the server (postmaster, its children,
+//! and the reaped children's cumulative time). Where the database is the shared, scarce machine
+//! and API servers scale out, this decides how many requests a cluster takes; throughput on one
+//! small box, where client, server and database share the CPUs, hides it. The CPU ratios are
+//! reported like the throughput ratios: overall, and the per-round median and range.
 //! Run with `cargo bench --bench pg_orders --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server, default `postgres://postgres@127.0.0.1:5432/test`).
 
@@ -28,6 +36,8 @@ mod bench_db;
 mod http_load;
 #[path = "support/orders_app.rs"]
 mod orders_app;
+#[path = "support/pg_cpu.rs"]
+mod pg_cpu;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -36,6 +46,7 @@ use std::time::{Duration, Instant};
 use bench_db::BenchDatabase;
 use http_load::KeyOf;
 use orders_app::{BODY, serve, serve_floor};
+use pg_cpu::{CpuSpent, PgCpu};
 use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore};
 
 const CONCURRENCY: usize = 32;
@@ -57,11 +68,36 @@ struct Run {
     requests: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
+    /// PostgreSQL's CPU over the window.
+    cpu: CpuSpent,
 }
 
 impl Run {
     fn throughput(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// CPU microseconds per request, of the database's backends or of the whole server.
+    fn cpu_per_request(&self, measure: Cpu) -> Option<f64> {
+        measure.of(&self.cpu).map(|ns| ns as f64 / 1000.0 / self.requests as f64)
+    }
+}
+
+/// Which of the two CPU readings.
+#[derive(Clone, Copy)]
+enum Cpu {
+    /// The benchmark database's backends.
+    Database,
+    /// Every process of the server.
+    Server,
+}
+
+impl Cpu {
+    fn of(self, spent: &CpuSpent) -> Option<u64> {
+        match self {
+            Cpu::Database => spent.database_ns,
+            Cpu::Server => spent.server_ns,
+        }
     }
 }
 
@@ -73,6 +109,15 @@ impl Measured {
     fn throughput(&self) -> f64 {
         let elapsed: Duration = self.runs.iter().map(|r| r.elapsed).sum();
         self.requests() as f64 / elapsed.as_secs_f64()
+    }
+
+    /// CPU microseconds per request over all windows.
+    fn cpu_per_request(&self, measure: Cpu) -> Option<f64> {
+        let mut spent = CpuSpent::default();
+        for run in &self.runs {
+            spent += run.cpu;
+        }
+        measure.of(&spent).map(|ns| ns as f64 / 1000.0 / self.requests() as f64)
     }
 
     fn quantile(&self, q: f64) -> Duration {
@@ -100,19 +145,41 @@ impl Scenario {
         http_load::post_orders(self.name, self.addr, CONCURRENCY, BODY, counter, key_of, window).await
     }
 
-    async fn measure(&self) -> Run {
+    async fn measure(&self, cpu: &PgCpu) -> Run {
+        let before = cpu.sample().await;
         let started = Instant::now();
         let latencies = self.drive(MEASURE).await;
-        Run { requests: latencies.len(), elapsed: started.elapsed(), latencies }
+        let elapsed = started.elapsed();
+        let spent = before.until(&cpu.sample().await);
+        Run { requests: latencies.len(), elapsed, latencies, cpu: spent }
     }
 }
 
 /// The median and range of `numerator / denominator` over the rounds.
 fn ratio_over_rounds(numerator: &Measured, denominator: &Measured) -> (f64, f64, f64) {
-    let mut ratios: Vec<f64> =
-        numerator.runs.iter().zip(&denominator.runs).map(|(n, d)| n.throughput() / d.throughput()).collect();
+    let ratios = numerator.runs.iter().zip(&denominator.runs).map(|(n, d)| n.throughput() / d.throughput()).collect();
+    median_and_range(ratios)
+}
+
+/// The median and range of CPU per request, `numerator / denominator`, over the rounds.
+fn cpu_ratio_over_rounds(numerator: &Measured, denominator: &Measured, measure: Cpu) -> Option<(f64, f64, f64)> {
+    let ratios = numerator
+        .runs
+        .iter()
+        .zip(&denominator.runs)
+        .map(|(n, d)| Some(n.cpu_per_request(measure)? / d.cpu_per_request(measure)?))
+        .collect::<Option<Vec<f64>>>()?;
+    Some(median_and_range(ratios))
+}
+
+fn median_and_range(mut ratios: Vec<f64>) -> (f64, f64, f64) {
     ratios.sort_by(f64::total_cmp);
     (ratios[ratios.len() / 2], ratios[0], ratios[ratios.len() - 1])
+}
+
+/// Microseconds, or `n/a` when the server's processes cannot be read.
+fn micros(value: Option<f64>) -> String {
+    value.map_or_else(|| "n/a".to_owned(), |us| format!("{us:.0}us"))
 }
 
 fn main() {
@@ -121,6 +188,8 @@ fn main() {
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_bench", POOL).await;
         let pool = database.pool.clone();
+        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&bench_db::database_url()).await;
+        let cpu = PgCpu::new(admin.expect("connect to the server's own database"), database.name()).await;
         orders_app::create_orders_table(&pool).await;
         let atomic = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
         atomic.migrate().await.unwrap();
@@ -150,7 +219,7 @@ fn main() {
         for round in 0..rounds {
             for i in 0..scenarios.len() {
                 let index = (i + round) % scenarios.len();
-                let run = scenarios[index].measure().await;
+                let run = scenarios[index].measure(&cpu).await;
                 results[index].runs.push(run);
             }
         }
@@ -159,17 +228,26 @@ fn main() {
             "\nPOST /orders on PostgreSQL, {CONCURRENCY} concurrent keep-alive clients, \
              {rounds} rounds of {MEASURE:?} per scenario"
         );
-        println!("{:<10} {:>10} {:>12} {:>10} {:>10}", "scenario", "requests", "req/s", "p50", "p99");
+        println!(
+            "{:<10} {:>10} {:>12} {:>10} {:>10} {:>12} {:>12}",
+            "scenario", "requests", "req/s", "p50", "p99", "db cpu/req", "server/req"
+        );
         for m in &results {
             let (throughput, p50, p99) = (m.throughput(), m.quantile(0.50), m.quantile(0.99));
-            println!("{:<10} {:>10} {throughput:>12.0} {p50:>10.2?} {p99:>10.2?}", m.name, m.requests());
+            let (database_cpu, server_cpu) =
+                (micros(m.cpu_per_request(Cpu::Database)), micros(m.cpu_per_request(Cpu::Server)));
+            println!(
+                "{:<10} {:>10} {throughput:>12.0} {p50:>10.2?} {p99:>10.2?} {database_cpu:>12} {server_cpu:>12}",
+                m.name,
+                m.requests()
+            );
         }
         let [bare, floor, memory, atomic, leased, replay] = &results[..] else { unreachable!("six scenarios") };
         for (label, numerator, denominator, aim) in [
             ("atomic / no layer", atomic, bare, Some(0.75)),
             ("floor / no layer ", floor, bare, None),
             ("memory / no layer", memory, bare, None),
-            ("atomic / floor   ", atomic, floor, None),
+            ("atomic / floor   ", atomic, floor, Some(0.9)),
             ("atomic / leased  ", atomic, leased, Some(1.2)),
             ("replay / atomic  ", replay, atomic, Some(2.0)),
         ] {
@@ -180,6 +258,26 @@ fn main() {
                 "{label} : {overall:.2}x overall; per round median {median:.2}x, \
                  range {low:.2}x..{high:.2}x{aim}"
             );
+        }
+        println!("PostgreSQL CPU per request (database backends; whole server):");
+        for (label, numerator, denominator, aim) in [
+            ("atomic / floor   ", atomic, floor, Some(1.15)),
+            ("atomic / no layer", atomic, bare, None),
+            ("floor / no layer ", floor, bare, None),
+            ("replay / no layer", replay, bare, Some(0.5)),
+        ] {
+            let mut line = format!("{label} :");
+            for (measure, what) in [(Cpu::Database, "db"), (Cpu::Server, "server")] {
+                let overall = numerator.cpu_per_request(measure).zip(denominator.cpu_per_request(measure));
+                match (overall, cpu_ratio_over_rounds(numerator, denominator, measure)) {
+                    (Some((n, d)), Some((median, low, high))) => line.push_str(&format!(
+                        " {what} {:.2}x overall, per round median {median:.2}x, range {low:.2}x..{high:.2}x;",
+                        n / d
+                    )),
+                    _ => line.push_str(&format!(" {what} n/a;")),
+                }
+            }
+            println!("{line}{}", aim.map_or(String::new(), |aim| format!(" (aim <= {aim}x)")));
         }
 
         database.drop().await;

@@ -29,6 +29,12 @@ impl BenchDatabase {
         Self { pool: pool.expect("connect to the bench database"), name }
     }
 
+    /// The database's name.
+    #[allow(dead_code)] // Only the benchmarks that read PostgreSQL's CPU ask for it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Closes the pool and drops the database.
     pub async fn drop(self) {
         self.pool.close().await;

@@ -1,0 +1,380 @@
+//! The PostgreSQL store with millions of records in its table (issue 16; `docs/scale.md` draws its
+//! plan for 3 billion rows from this benchmark's numbers).
+//!
+//! In a database of its own (created at the start, dropped at the end, also after a panic is
+//! printed), two atomic stores: `small`, whose table holds only what the benchmark itself
+//! writes, and `big`, whose table is filled by SQL (`INSERT ... SELECT generate_series`, not
+//! through the layer) to `PG_SCALE_ROWS` records (default 10 million): SHA-256 identities and
+//! fingerprints, a 300-byte stored body and the two headers of a created order, the labels the
+//! store writes with every record (operation, scope digest of one of 1000 tenants, operation
+//! id), in three groups:
+//!
+//! - 75% live records (`completed`, replayable);
+//! - 10% records past their response retention (the purge turns them into tombstones);
+//! - 15% tombstones past their time (the purge deletes them).
+//!
+//! It then measures, printing each figure as it goes:
+//!
+//! 1. **bytes per record on disk**: heap + indexes + TOAST of the records that carry an answer,
+//!    and what a tombstone adds;
+//! 2. **claim and replay latency** through the store (`Store::begin` and, for a new key,
+//!    `Claim::finish` with the 300-byte answer; a replay is `begin` on a completed key), with
+//!    `CLIENTS` concurrent clients, on `big` against `small`, in rounds whose order alternates,
+//!    p50 and p99 per round and their ratios (median and range);
+//! 3. **purge throughput while serving**: the same claims as traffic, windows without a purge
+//!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
+//!    size: records purged per second, and the serving throughput with the purge over the one
+//!    without (the window before it).
+//!
+//! Run with `cargo bench --bench pg_scale --all-features` (PostgreSQL must be running;
+//! `DATABASE_URL` overrides the server). `PG_SCALE_ROWS` chooses fewer records for a quick run.
+//! Not run by CI.
+
+#[path = "support/bench_db.rs"]
+mod bench_db;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bench_db::BenchDatabase;
+use http::{HeaderName, HeaderValue, StatusCode};
+use sqlx::PgPool;
+use tower_idempotency::{
+    Begin, BeginRequest, Claim, CouplingMode, Fingerprint, IdempotencyKey, Outcome, PostgresStore, RecordId, Scope,
+    Store, StoredResponse,
+};
+
+const DEFAULT_ROWS: u64 = 10_000_000;
+/// Rows per fill statement.
+const CHUNK: u64 = 500_000;
+const CLIENTS: usize = 8;
+const POOL: u32 = 24;
+/// One latency window.
+const WINDOW: Duration = Duration::from_secs(3);
+const ROUNDS: usize = 3;
+/// One serving window of the purge measurement.
+const PURGE_WINDOW: Duration = Duration::from_secs(5);
+const BATCHES: [usize; 3] = [1_000, 5_000, 20_000];
+
+/// The body every stored answer carries: 300 bytes.
+fn answer_body() -> String {
+    let mut body =
+        String::from("{\"order_id\":\"6a321645-a23b-40c1-929b-813d72a6be46\",\"status\":\"accepted\",\"lines\":[");
+    while body.len() < 296 {
+        body.push_str("{\"sku\":\"book-42\",\"qty\":1},");
+    }
+    body.truncate(296);
+    body.push_str("\"]}");
+    body.truncate(300);
+    body
+}
+
+fn answer() -> StoredResponse {
+    let mut response = StoredResponse::new(StatusCode::CREATED, answer_body());
+    response.headers = vec![
+        (HeaderName::from_static("content-type"), HeaderValue::from_static("application/json")),
+        (HeaderName::from_static("location"), HeaderValue::from_static("/orders/6a321645-a23b-40c1-929b-813d72a6be46")),
+    ];
+    response
+}
+
+/// Latencies of one window, sorted, and how long the window ran.
+struct Window {
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+}
+
+impl Window {
+    fn quantile(&self, q: f64) -> Duration {
+        self.latencies[((self.latencies.len() as f64 * q) as usize).min(self.latencies.len() - 1)]
+    }
+
+    fn throughput(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// What the clients do.
+#[derive(Clone, Copy, PartialEq)]
+enum Work {
+    /// New keys: `begin` then `finish` with the answer.
+    Claim,
+    /// `begin` on keys this store completed earlier (the first `REPLAY_KEYS` of its claims).
+    Replay,
+}
+
+const REPLAY_KEYS: u64 = 1_000;
+
+/// A store and the count of keys its clients have used.
+struct Target {
+    name: &'static str,
+    store: PostgresStore,
+    next: Arc<AtomicU64>,
+}
+
+impl Target {
+    fn id(&self, n: u64) -> RecordId {
+        RecordId::new(&Scope::new("scale"), "POST /orders", &IdempotencyKey::new(format!("{}-{n}", self.name)).unwrap())
+    }
+
+    async fn run(&self, work: Work, window: Duration) -> Window {
+        let deadline = Instant::now() + window;
+        let started = Instant::now();
+        let mut clients = Vec::new();
+        for _ in 0..CLIENTS {
+            let (store, next, name) = (self.store.clone(), self.next.clone(), self.name);
+            clients.push(tokio::spawn(async move {
+                let fingerprint = Fingerprint::from_parts(tower_idempotency::fingerprint::FINGERPRINT_VERSION, [7; 32]);
+                let target = Target { name, store, next: next.clone() };
+                let mut latencies = Vec::new();
+                let mut replay = 0u64;
+                while Instant::now() < deadline {
+                    let n = match work {
+                        Work::Claim => next.fetch_add(1, Ordering::Relaxed),
+                        Work::Replay => {
+                            replay += 1;
+                            replay % REPLAY_KEYS
+                        }
+                    };
+                    let id = target.id(n);
+                    let started = Instant::now();
+                    let begun = target.store.begin(BeginRequest::new(&id, &fingerprint)).await.expect("begin");
+                    match (work, begun) {
+                        (Work::Claim, Begin::Claimed(claim)) => {
+                            claim.finish(Outcome::Complete(answer())).await.expect("finish");
+                        }
+                        (Work::Replay, Begin::Existing(record)) => assert!(record.response.is_some(), "a replay"),
+                        _ => panic!("{name}: unexpected answer from the store"),
+                    }
+                    latencies.push(started.elapsed());
+                }
+                latencies
+            }));
+        }
+        let mut latencies = Vec::new();
+        for client in clients {
+            latencies.extend(client.await.expect("client"));
+        }
+        latencies.sort_unstable();
+        Window { latencies, elapsed: started.elapsed() }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Fills `big`'s table by SQL to `rows` records in the three groups; returns how many carry an
+/// answer (the first two groups, written first) and the table's bytes when they were in.
+async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
+    let live = rows * 75 / 100;
+    let stale = rows * 10 / 100;
+    let answered = live + stale;
+    let headers = hex(&answer().encode_fields());
+    let body = hex(answer_body().as_bytes());
+    let started = Instant::now();
+    let (mut from, mut answered_bytes) = (0, 0);
+    while from < rows {
+        // Chunks end where the answered records do, so their size is read on their own.
+        let to = (from + CHUNK).min(if from < answered { answered } else { rows });
+        // The identity and fingerprint are SHA-256 digests, as the layer's are (random order in
+        // the primary key); the answer varies in its first 16 bytes, so no two rows are alike.
+        let statement = format!(
+            "INSERT INTO big (record_id, state, fingerprint_version, fingerprint, fencing_token, response_status, \
+                 response_headers, response_body, response_until, forget_at, created_at, updated_at, \
+                 operation, scope_digest, operation_id) \
+             SELECT sha256(int8send(g)), \
+                 CASE WHEN g < {answered} THEN 'completed' ELSE 'expired' END, 2, sha256(int8send(-g)), 0, \
+                 CASE WHEN g < {answered} THEN 201 END, \
+                 CASE WHEN g < {answered} THEN '\\x{headers}'::bytea END, \
+                 CASE WHEN g < {answered} THEN overlay('\\x{body}'::bytea placing decode(md5(g::text), 'hex') from 1) END, \
+                 CASE WHEN g < {live} THEN now() + interval '1 day' ELSE now() - interval '1 hour' END, \
+                 CASE WHEN g < {answered} THEN now() + interval '8 days' ELSE now() - interval '1 minute' END, \
+                 now() - interval '1 day', now() - interval '1 day', \
+                 'POST /orders', sha256(int8send(g % 1000)), substr(sha256(int8send(g) || '\\x01'::bytea), 1, 16) \
+             FROM generate_series({from}::bigint, {to}::bigint - 1) g"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(pool).await.expect("fill");
+        from = to;
+        if from == answered {
+            {
+                vacuum(pool).await;
+                let bytes = total_bytes(pool).await;
+                answered_bytes = bytes;
+                println!(
+                    "filled {from} records with answers in {:.0?}: {} bytes per record (heap + indexes + TOAST)",
+                    started.elapsed(),
+                    bytes / from
+                );
+                print_sizes(pool, from).await;
+            }
+        } else if from % 2_000_000 < CHUNK {
+            println!("  {from} records, {:.0?}", started.elapsed());
+        }
+    }
+    (answered, answered_bytes)
+}
+
+async fn vacuum(pool: &PgPool) {
+    sqlx::raw_sql("VACUUM (ANALYZE) big").execute(pool).await.expect("vacuum");
+}
+
+async fn total_bytes(pool: &PgPool) -> u64 {
+    let bytes: i64 = sqlx::query_scalar("SELECT pg_total_relation_size('big')").fetch_one(pool).await.unwrap();
+    bytes as u64
+}
+
+async fn print_sizes(pool: &PgPool, records: u64) {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT 'heap', pg_relation_size('big') \
+         UNION ALL SELECT 'toast', COALESCE(pg_total_relation_size(reltoastrelid), 0) FROM pg_class \
+             WHERE oid = 'big'::regclass \
+         UNION ALL SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index \
+             WHERE indrelid = 'big'::regclass",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for (name, bytes) in rows {
+        println!(
+            "  {name:<28} {:>8.1} MiB  {:>6.1} bytes/record",
+            bytes as f64 / 1048576.0,
+            bytes as f64 / records as f64
+        );
+    }
+}
+
+fn ratio_line(label: &str, mut ratios: Vec<f64>) {
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "{label}: per round median {:.2}x, range {:.2}x..{:.2}x",
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
+}
+
+async fn count(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE state = 'expired') FROM big").fetch_one(pool).await.unwrap()
+}
+
+fn main() {
+    let rows: u64 = std::env::var("PG_SCALE_ROWS").ok().and_then(|r| r.parse().ok()).unwrap_or(DEFAULT_ROWS);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let database = BenchDatabase::create("tidem_scale", POOL).await;
+        let pool = database.pool.clone();
+        let outcome = tokio::spawn(measure(pool, rows)).await;
+        database.drop().await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic.into_panic());
+        }
+    });
+}
+
+async fn measure(pool: PgPool, rows: u64) {
+    let small = PostgresStore::new(pool.clone()).table("small").unwrap().mode(CouplingMode::Atomic);
+    let big = PostgresStore::new(pool.clone()).table("big").unwrap().mode(CouplingMode::Atomic);
+    small.migrate().await.expect("migrate small");
+    big.migrate().await.expect("migrate big");
+    println!("filling `big` to {rows} records ...");
+    let started = Instant::now();
+    let (answered, answered_bytes) = fill(&pool, rows).await;
+    vacuum(&pool).await;
+    let bytes = total_bytes(&pool).await;
+    println!("filled {rows} records in {:.0?}; {} bytes per record with tombstones", started.elapsed(), bytes / rows);
+    print_sizes(&pool, rows).await;
+    if let Some(per_tombstone) = bytes.saturating_sub(answered_bytes).checked_div(rows - answered) {
+        println!("  a tombstone adds about {per_tombstone} bytes");
+    }
+
+    let targets = [
+        Target { name: "small", store: small, next: Arc::new(AtomicU64::new(0)) },
+        Target { name: "big", store: big.clone(), next: Arc::new(AtomicU64::new(0)) },
+    ];
+    // Warm-up: the replayed keys, and the connections' statement caches.
+    for target in &targets {
+        while target.next.load(Ordering::Relaxed) < REPLAY_KEYS {
+            target.run(Work::Claim, Duration::from_secs(1)).await;
+        }
+        target.run(Work::Replay, Duration::from_millis(300)).await;
+    }
+
+    println!(
+        "\nclaim (begin + finish, new key) and replay (begin, completed key), {CLIENTS} clients, {ROUNDS} rounds of {WINDOW:?}"
+    );
+    let mut ratios: [Vec<f64>; 4] = Default::default();
+    for round in 0..ROUNDS {
+        for work in [Work::Claim, Work::Replay] {
+            let order: Vec<&Target> =
+                if round % 2 == 0 { targets.iter().collect() } else { targets.iter().rev().collect() };
+            let mut windows = Vec::new();
+            for target in order {
+                let window = target.run(work, WINDOW).await;
+                let what = if work == Work::Claim { "claim " } else { "replay" };
+                println!(
+                    "  round {round} {what} {:<5} p50 {:>8.2?} p99 {:>8.2?} {:>7.0}/s",
+                    target.name,
+                    window.quantile(0.5),
+                    window.quantile(0.99),
+                    window.throughput()
+                );
+                windows.push((target.name, window));
+            }
+            let (small, big) = match (&windows[0], &windows[1]) {
+                ((name, first), (_, second)) if *name == "small" => (first, second),
+                ((_, first), (_, second)) => (second, first),
+            };
+            let base = if work == Work::Claim { 0 } else { 2 };
+            ratios[base].push(big.quantile(0.5).as_secs_f64() / small.quantile(0.5).as_secs_f64());
+            ratios[base + 1].push(big.quantile(0.99).as_secs_f64() / small.quantile(0.99).as_secs_f64());
+        }
+    }
+    let [claim50, claim99, replay50, replay99] = ratios;
+    println!("{rows} records / empty table (aim <= 1.2x):");
+    ratio_line("  claim  p50", claim50);
+    ratio_line("  claim  p99", claim99);
+    ratio_line("  replay p50", replay50);
+    ratio_line("  replay p99", replay99);
+
+    println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
+    let serving = &targets[1];
+    for batch in BATCHES {
+        let without = serving.run(Work::Claim, PURGE_WINDOW).await;
+        let (before, expired_before) = count(&pool).await;
+        let claimed_before = serving.next.load(Ordering::Relaxed);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let purger = {
+            let (big, stop) = (big.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut purged, started) = (0usize, Instant::now());
+                while !stop.load(Ordering::Relaxed) {
+                    let n = big.purge(batch).await.expect("purge");
+                    purged += n;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                (purged, started.elapsed())
+            })
+        };
+        let with = serving.run(Work::Claim, PURGE_WINDOW).await;
+        stop.store(true, Ordering::Relaxed);
+        let (purged, elapsed) = purger.await.expect("purger");
+        let (after, expired_after) = count(&pool).await;
+        let inserted = (serving.next.load(Ordering::Relaxed) - claimed_before) as i64;
+        let deleted = before + inserted - after;
+        let tombstoned = expired_after - (expired_before - deleted);
+        println!(
+            "  batch {batch:>6}: {:>7.0} records/s purged ({deleted} deleted, {tombstoned} made tombstones in {elapsed:.1?}); \
+             serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}",
+            purged as f64 / elapsed.as_secs_f64(),
+            with.throughput(),
+            without.throughput(),
+            with.throughput() / without.throughput(),
+            with.quantile(0.99),
+            without.quantile(0.99),
+        );
+    }
+}
