@@ -12,7 +12,10 @@
 //! Each scenario gets a warm-up, then `ROUNDS` windows of `WINDOW` with `CONCURRENCY` callers
 //! spread over `CONNECTIONS` HTTP/2 connections; the rounds take the scenarios in turn, so load
 //! from other work on a shared machine spreads over all of them. It prints throughput, p50 and
-//! p99 latency, and the ratio to `no layer`. Run with `cargo bench --bench grpc_unary --features grpc-example,postgres`
+//! p99 latency, and the ratio to `no layer`; and the CPU time this process (client and server)
+//! spent per call, with its ratio to `no layer`'s (calls per CPU second; on a machine that other
+//! work keeps busy it moves far less than throughput does). `GRPC_UNARY_ONLY=memory,passthrough`
+//! runs only the scenarios named (and `no layer`). Run with `cargo bench --bench grpc_unary --features grpc-example,postgres`
 //! (PostgreSQL must be running; `DATABASE_URL` overrides the server, default
 //! `postgres://postgres@127.0.0.1:5432/test`).
 
@@ -116,6 +119,8 @@ struct Scenario {
     counter: Arc<AtomicU64>,
     latencies: Vec<Duration>,
     elapsed: Duration,
+    /// CPU time of this process (client and server) in the measured windows.
+    cpu: Duration,
 }
 
 impl Scenario {
@@ -126,13 +131,13 @@ impl Scenario {
             channels.push(channel.expect("connect"));
         }
         let counter = Arc::new(AtomicU64::new(0));
-        Self { name, channels, key_of, counter, latencies: Vec::new(), elapsed: Duration::ZERO }
+        Self { name, channels, key_of, counter, latencies: Vec::new(), elapsed: Duration::ZERO, cpu: Duration::ZERO }
     }
 
     /// Calls for `window` with `CONCURRENCY` callers; keeps the latencies when `record`.
     async fn run(&mut self, window: Duration, record: bool) {
         let (name, key_of) = (self.name, self.key_of);
-        let started = Instant::now();
+        let (started, cpu_before) = (Instant::now(), process_cpu());
         let latencies = {
             let (channels, counter) = (self.channels.clone(), self.counter.clone());
             let deadline = Instant::now() + window;
@@ -164,6 +169,7 @@ impl Scenario {
         };
         if record {
             self.elapsed += started.elapsed();
+            self.cpu += process_cpu().saturating_sub(cpu_before);
             self.latencies.extend(latencies);
         }
     }
@@ -172,10 +178,25 @@ impl Scenario {
         self.latencies.len() as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// CPU time of this process per call, in microseconds.
+    fn cpu_per_call(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.latencies.len() as f64
+    }
+
     fn quantile(&mut self, q: f64) -> Duration {
         self.latencies.sort_unstable();
         self.latencies[((self.latencies.len() as f64 * q) as usize).min(self.latencies.len() - 1)]
     }
+}
+
+/// CPU time (user and system) this process has used so far, from `/proc` (zero where it cannot
+/// be read). On a shared machine it moves far less with other work than throughput does.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which may hold spaces), closed by ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+    Duration::from_secs(ticks(11) + ticks(12)) / 100
 }
 
 /// A new key per call.
@@ -207,6 +228,12 @@ fn main() {
             Scenario::new("pg atomic", pg, unique).await,
             Scenario::new("pg replay", pg, retry).await,
         ];
+        // `GRPC_UNARY_ONLY=memory,passthrough` runs only those (and `no layer`, the baseline):
+        // for profiling one path.
+        if let Ok(only) = std::env::var("GRPC_UNARY_ONLY") {
+            let only: Vec<&str> = only.split(',').map(str::trim).collect();
+            scenarios.retain(|s| s.name == "no layer" || only.contains(&s.name));
+        }
         for scenario in &mut scenarios {
             scenario.run(WARM_UP, false).await;
         }
@@ -221,17 +248,18 @@ fn main() {
              {ROUNDS} x {WINDOW:?} each"
         );
         println!(
-            "{:<14} {:>9} {:>10} {:>10} {:>10} {:>12}",
-            "scenario", "calls", "calls/s", "p50", "p99", "vs no layer"
+            "{:<14} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>12}",
+            "scenario", "calls", "calls/s", "p50", "p99", "vs no layer", "CPU µs/call", "per CPU-s"
         );
-        let base = scenarios[0].throughput();
+        let (base, base_cpu) = (scenarios[0].throughput(), scenarios[0].cpu_per_call());
         for s in &mut scenarios {
             let (p50, p99) = (s.quantile(0.50), s.quantile(0.99));
-            let (calls, throughput) = (s.latencies.len(), s.throughput());
+            let (calls, throughput, cpu) = (s.latencies.len(), s.throughput(), s.cpu_per_call());
             println!(
-                "{:<14} {calls:>9} {throughput:>10.0} {p50:>10.2?} {p99:>10.2?} {:>11.2}x",
+                "{:<14} {calls:>9} {throughput:>10.0} {p50:>10.2?} {p99:>10.2?} {:>11.2}x {cpu:>12.1} {:>11.2}x",
                 s.name,
-                throughput / base
+                throughput / base,
+                base_cpu / cpu
             );
         }
         database.drop().await;

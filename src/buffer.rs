@@ -50,7 +50,11 @@ pub(crate) async fn read_admitted<B: Body>(
             Ok(data) => data,
             Err(frame) => {
                 if let Ok(more) = frame.into_trailers() {
-                    trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                    // The first (nearly always the only) trailers frame is kept as it came.
+                    match &mut trailers {
+                        Some(trailers) => trailers.extend(more),
+                        None => trailers = Some(more),
+                    }
                 }
                 continue;
             }
@@ -123,6 +127,19 @@ mod tests {
         let (bytes, trailers) = read_to_end(body, 10).await.unwrap();
         assert_eq!(bytes.as_ref(), b"abcde");
         assert_eq!(trailers.unwrap()["grpc-status"], "0");
+    }
+
+    #[tokio::test]
+    async fn trailers_of_several_frames_are_all_kept() {
+        let mut more = HeaderMap::new();
+        more.insert("grpc-message", "fine".parse().unwrap());
+        let frames = [Frame::data(Bytes::from_static(b"x")), Frame::trailers(trailers()), Frame::trailers(more)];
+        let (_, trailers) = read_to_end(Frames(frames.into()), 10).await.unwrap();
+        let trailers = trailers.unwrap();
+        assert_eq!(
+            (&trailers["grpc-status"], &trailers["grpc-message"]),
+            (&"0".parse::<http::HeaderValue>().unwrap(), &"fine".parse::<http::HeaderValue>().unwrap())
+        );
     }
 
     #[tokio::test]

@@ -51,24 +51,30 @@ impl Parameter {
     }
 }
 
-/// Splits a media type at every `;` outside a quoted string.
-pub(super) fn split(value: &[u8]) -> Vec<&[u8]> {
-    let mut pieces = Vec::new();
-    let (mut start, mut quoted, mut escaped) = (0, false, false);
-    for (k, &b) in value.iter().enumerate() {
-        match b {
-            _ if escaped => escaped = false,
-            b'\\' if quoted => escaped = true,
-            b'"' => quoted = !quoted,
-            b';' if !quoted => {
-                pieces.push(&value[start..k]);
-                start = k + 1;
+/// Splits a media type at every `;` outside a quoted string (without allocating: nearly every
+/// request has one content type, most of them without parameters).
+pub(super) fn split(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    // The start of the next piece; `None` once the last piece was given out.
+    let mut start = Some(0);
+    let (mut k, mut quoted, mut escaped) = (0, false, false);
+    std::iter::from_fn(move || {
+        let from = start?;
+        while let Some(&b) = value.get(k) {
+            k += 1;
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' if quoted => escaped = true,
+                b'"' => quoted = !quoted,
+                b';' if !quoted => {
+                    start = Some(k);
+                    return Some(&value[from..k - 1]);
+                }
+                _ => {}
             }
-            _ => {}
         }
-    }
-    pieces.push(&value[start..]);
-    pieces
+        start = None;
+        Some(&value[from..])
+    })
 }
 
 /// A value without its quotes and escapes when it is a quoted string; else as it is.
@@ -90,4 +96,20 @@ fn unquote(value: &[u8]) -> Vec<u8> {
 /// RFC 9110 `tchar`.
 fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn splits_at_semicolons_outside_quoted_strings_and_keeps_empty_pieces() {
+        let pieces = |value: &[u8]| split(value).map(<[u8]>::to_vec).collect::<Vec<_>>();
+        assert_eq!(pieces(b"a/b"), [b"a/b".to_vec()]);
+        assert_eq!(pieces(b""), [b"".to_vec()]);
+        assert_eq!(pieces(b"a;"), [b"a".to_vec(), b"".to_vec()]);
+        assert_eq!(pieces(b";;"), [b"".to_vec(), b"".to_vec(), b"".to_vec()]);
+        let quoted: &[u8] = br#"t/s; q="x;\"y;" ;z"#;
+        assert_eq!(pieces(quoted), [b"t/s".to_vec(), br#" q="x;\"y;" "#.to_vec(), b"z".to_vec()]);
+    }
 }

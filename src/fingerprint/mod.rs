@@ -390,7 +390,7 @@ fn content_type_v1(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
 /// Splits a `Content-Type` value into its normalised media type (version 2; see
 /// [the module docs](self#the-media-type)) and body kind.
 fn content_type_v2(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
-    let mut pieces = media_type::split(value).into_iter();
+    let mut pieces = media_type::split(value);
     let essence = pieces.next().unwrap_or_default();
     let start = canonical.len();
     canonical.extend(essence.trim_ascii().iter().map(u8::to_ascii_lowercase));

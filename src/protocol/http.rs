@@ -42,9 +42,9 @@ impl HttpRules {
         }
         #[cfg(feature = "axum")]
         if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-            return Arc::from(format!("{} {}", parts.method, matched.as_str()));
+            return method_and(&parts.method, matched.as_str());
         }
-        Arc::from(format!("{} {}", parts.method, parts.uri.path()))
+        method_and(&parts.method, parts.uri.path())
     }
 
     /// The class of a response the handler did not mark: the route's rule, else the default.
@@ -64,6 +64,35 @@ impl HttpRules {
 }
 
 /// Whether a trailer is stored: all of them, less what is never stored.
+/// `"{method} {path}"`, in one allocation when it is short (as it nearly always is): built on
+/// the stack, then copied into the `Arc`.
+fn method_and(method: &Method, path: &str) -> Arc<str> {
+    let (method, mut buffer) = (method.as_str(), [0u8; 192]);
+    let length = method.len() + 1 + path.len();
+    let Some(out) = buffer.get_mut(..length) else {
+        return Arc::from(format!("{method} {path}"));
+    };
+    out[..method.len()].copy_from_slice(method.as_bytes());
+    out[method.len()] = b' ';
+    out[method.len() + 1..].copy_from_slice(path.as_bytes());
+    // Two `str`s and a space: always UTF-8.
+    std::str::from_utf8(out).map_or_else(|_| Arc::from(format!("{method} {path}")), Arc::from)
+}
+
 pub(crate) fn keeps_trailer(name: &HeaderName) -> bool {
     !outcome::is_never_stored(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_names_are_method_space_path_short_or_long() {
+        assert_eq!(&*method_and(&Method::POST, "/orders"), "POST /orders");
+        let long = format!("/{}", "x".repeat(300));
+        assert_eq!(&*method_and(&Method::PATCH, &long), format!("PATCH {long}"));
+        let custom = Method::from_bytes(b"PURGE").unwrap();
+        assert_eq!(&*method_and(&custom, ""), "PURGE ");
+    }
 }

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -349,6 +350,13 @@ impl Claim for MemoryClaim {
 
     async fn finish(mut self, outcome: Outcome) -> Result<(), FinishError> {
         self.finished = true;
+        // The body is kept in a buffer of its own (copied before the lock is taken): it can be a
+        // slice of a much larger one (tonic encodes each answer into an 8 KiB buffer), which
+        // would otherwise stay alive as long as the record.
+        let stored = stored_outcome(outcome).map(|(state, mut response)| {
+            response.body = Bytes::copy_from_slice(&response.body);
+            (state, response)
+        });
         let mut records = self.store.lock();
         let Some(entry) = records.get_mut(&self.id) else {
             return Err(FinishError::ClaimLost);
@@ -357,7 +365,7 @@ impl Claim for MemoryClaim {
             return Err(FinishError::ClaimLost);
         }
         let now = Instant::now();
-        let Some((state, response)) = stored_outcome(outcome) else {
+        let Some((state, response)) = stored else {
             records.remove(&self.id);
             return Ok(());
         };
@@ -400,5 +408,31 @@ impl Drop for MemoryClaim {
             entry.lease_until = Instant::now();
             entry.waiters = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::key::{IdempotencyKey, Scope};
+    use crate::record::StoredResponse;
+
+    #[tokio::test]
+    async fn a_stored_body_does_not_keep_the_buffer_it_was_cut_from() {
+        let store = MemoryStore::new();
+        let id = RecordId::new(&Scope::new("t"), "/pkg.Svc/Create", &IdempotencyKey::new("k").unwrap());
+        let fingerprint = Fingerprint::from_parts(2, [7; 32]);
+        let request = BeginRequest::new(&id, &fingerprint);
+        let Ok(Begin::Claimed(claim)) = store.begin(request.clone()).await else { panic!("a new key is claimed") };
+        // As tonic answers: five bytes cut from an 8 KiB buffer.
+        let mut buffer = bytes::BytesMut::with_capacity(8 * 1024);
+        buffer.extend_from_slice(b"\0\0\0\0\0");
+        let body = buffer.split_to(5).freeze();
+        drop(buffer);
+        claim.finish(Outcome::Complete(StoredResponse::new(http::StatusCode::OK, body.clone()))).await.unwrap();
+        assert!(body.is_unique(), "the record holds a copy, not the 8 KiB buffer");
+        let Ok(Begin::Existing(record)) = store.begin(request).await else { panic!("the record is there") };
+        assert_eq!(record.response.unwrap().body, body);
     }
 }
