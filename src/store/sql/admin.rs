@@ -7,7 +7,9 @@
 //! concurrent workers take disjoint batches; SQLite: none, one write statement holds the
 //! database's single write lock) and check the state again on the rows they change. The batch
 //! is picked once, in a materialized CTE: as a plain `IN (subquery)` PostgreSQL may rescan it
-//! while the statement changes rows, and hand out more than its limit.
+//! while the statement changes rows, and hand out more than its limit. The rows it picked are
+//! then found by their primary key ([`Dialect::IN_PICKED`]): a semi-join planned on stale
+//! statistics would walk the whole batch once per unknown record.
 
 use std::marker::PhantomData;
 use std::time::{Duration, SystemTime};
@@ -28,6 +30,13 @@ use crate::store::{Retention, StoreError};
 const PROCESSING: &str = RecordState::Processing.as_str();
 const UNKNOWN: &str = ABANDONED.as_str();
 const EXPIRED: &str = RecordState::Expired.as_str();
+
+/// The state check of a settlement, on one row found by its primary key. Written so that it
+/// does not imply the `state = 'unknown'` predicate of the partial indexes over unknown
+/// records: right after a crash, when many records turned unknown at once and the statistics
+/// still say there are none, PostgreSQL would otherwise walk such an index, filtering on the
+/// id, for every settlement.
+const IS_UNKNOWN: &str = "state || '' = 'unknown'";
 
 /// The longest first backoff the checkout statement shifts (2^32 ms, about 50 days), so that
 /// doubling it 30 times stays within a bigint.
@@ -177,7 +186,7 @@ impl<D: Dialect> AdminStatements<D> {
                     "UPDATE {t} SET state = {state}, response_status = {status}, response_headers = {headers}, \
                          response_body = {body}, lease_until = NULL, response_until = {until}, \
                          forget_at = {forget}, recheck_at = NULL, updated_at = {now} \
-                     WHERE record_id = {id} AND fencing_token = {token} AND state = '{UNKNOWN}' AND {live}",
+                     WHERE record_id = {id} AND fencing_token = {token} AND {is_unknown} AND {live}",
                     id = p(1),
                     token = p(2),
                     state = p(3),
@@ -187,16 +196,18 @@ impl<D: Dialect> AdminStatements<D> {
                     until = D::later(7),
                     forget = D::later(8),
                     live = live(&now),
+                    is_unknown = IS_UNKNOWN,
                 ))
             },
             settle_release: {
                 let now = D::now(3);
                 sql(format!(
-                    "DELETE FROM {t} WHERE record_id = {id} AND fencing_token = {token} AND state = '{UNKNOWN}' \
+                    "DELETE FROM {t} WHERE record_id = {id} AND fencing_token = {token} AND {is_unknown} \
                        AND {live}",
                     id = p(1),
                     token = p(2),
                     live = live(&now),
+                    is_unknown = IS_UNKNOWN,
                 ))
             },
             evict: sql(format!("DELETE FROM {t} WHERE record_id = {}", p(1))),
@@ -206,9 +217,10 @@ impl<D: Dialect> AdminStatements<D> {
                 sql(format!(
                     "WITH picked AS{materialized} (SELECT record_id FROM {t} WHERE {stale} ORDER BY lease_until \
                                                   LIMIT {limit}{lock}) \
-                     UPDATE {t} SET state = '{UNKNOWN}', updated_at = {now} \
-                     WHERE record_id IN (SELECT record_id FROM picked) AND {stale}",
+                     UPDATE {t} SET state = '{UNKNOWN}', lease_until = NULL, updated_at = {now} \
+                     WHERE {picked} AND {stale}",
                     materialized = D::MATERIALIZED,
+                    picked = D::IN_PICKED,
                     limit = p(1),
                     lock = D::BATCH_LOCK,
                 ))
@@ -219,8 +231,9 @@ impl<D: Dialect> AdminStatements<D> {
                 sql(format!(
                     "WITH picked AS{materialized} (SELECT record_id FROM {t} WHERE {stale} ORDER BY lease_until \
                                                   LIMIT {limit}{lock}) \
-                     DELETE FROM {t} WHERE record_id IN (SELECT record_id FROM picked) AND {stale}",
+                     DELETE FROM {t} WHERE {picked} AND {stale}",
                     materialized = D::MATERIALIZED,
+                    picked = D::IN_PICKED,
                     limit = p(1),
                     lock = D::BATCH_LOCK,
                 ))
@@ -246,9 +259,10 @@ impl<D: Dialect> AdminStatements<D> {
                     "WITH picked AS{materialized} (SELECT record_id FROM {t} WHERE {due} ORDER BY created_at \
                                                   LIMIT {limit}{lock}) \
                      UPDATE {t} SET attempts = attempts + 1, recheck_at = {recheck} \
-                     WHERE record_id IN (SELECT record_id FROM picked) AND {due} \
+                     WHERE {picked} AND {due} \
                      RETURNING {info}",
                     materialized = D::MATERIALIZED,
+                    picked = D::IN_PICKED,
                     recheck = D::plus_ms(&now, &wait),
                     limit = p(2),
                     lock = D::BATCH_LOCK,

@@ -98,6 +98,10 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// `MATERIALIZED`; SQLite evaluates a CTE used once once).
     const MATERIALIZED: &'static str = "";
 
+    /// How a statement names the rows of its `picked` CTE (record ids): by default a plain
+    /// `IN`, which SQLite answers with primary key lookups.
+    const IN_PICKED: &'static str = "record_id IN (SELECT record_id FROM picked)";
+
     /// The function that picks the least of two values.
     const LEAST: &'static str;
 

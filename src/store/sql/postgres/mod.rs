@@ -120,6 +120,9 @@ impl Dialect for Pg {
 
     const MATERIALIZED: &'static str = " MATERIALIZED";
 
+    // An array of the picked ids, looked up on the primary key whatever the statistics say.
+    const IN_PICKED: &'static str = "record_id = ANY(ARRAY(SELECT record_id FROM picked))";
+
     fn bigint(n: usize) -> String {
         format!("${n}::bigint")
     }
