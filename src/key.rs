@@ -251,6 +251,13 @@ impl RecordId {
         format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
     }
 
+    /// The identity under which shadow mode records this request: a one-way derivation of
+    /// this digest, never equal to any enforced identity's, so enforce mode never replays what
+    /// shadow mode saw (see [`rollout`](crate::rollout)).
+    pub fn shadow(&self) -> RecordId {
+        RecordId(derive(b"shadow-record", &self.0, b""))
+    }
+
     /// A key for a downstream call (a payment provider's `Idempotency-Key`, say), stable for
     /// this identity and `purpose`, so the downstream sees the same key on every retry.
     pub fn downstream_key(&self, purpose: &str) -> String {

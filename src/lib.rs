@@ -150,18 +150,21 @@ mod hex;
 pub mod key;
 mod layer;
 mod name;
+mod old_path;
 pub mod outcome;
 pub mod problem;
 mod protocol;
 pub mod record;
+pub mod rollout;
 mod service;
+mod shadow;
 pub mod store;
+pub mod telemetry;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use body::IdempotencyBody;
 pub use budget::BufferBudget;
-pub use config::{RolloutMode, RolloutSwitch};
 pub use context::IdempotencyContext;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -173,6 +176,7 @@ pub use layer::IdempotencyLayer;
 pub use name::InvalidName;
 pub use outcome::OutcomeClass;
 pub use record::{Record, RecordState, StoredResponse};
+pub use rollout::{Cohort, RolloutMode, RolloutSwitch};
 pub use service::IdempotencyService;
 pub use service::REPLAYED_HEADER;
 pub use store::StaleLeasePolicy;
@@ -186,7 +190,7 @@ pub use store::sql::tx;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::SqliteStore;
-pub use store::{Begin, BeginRequest, Claim, CouplingMode, Outcome, Retention, Store};
+pub use store::{Begin, BeginRequest, Claim, CouplingMode, Outcome, PlainTransaction, Retention, Store};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub use tx::TxHandle;
