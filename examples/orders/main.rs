@@ -214,9 +214,11 @@ mod create_request;
 mod cursor;
 mod limits;
 mod problem;
+mod rollout;
 mod serve;
 mod shutdown;
 mod startup;
+mod telemetry;
 
 use admin::{AdminToken, DEFAULT_ADMIN_ADDR};
 use book::created_at::CreatedAt;
@@ -244,7 +246,10 @@ async fn serve() -> Result<(), BoxError> {
     let admin_token = AdminToken::from_env()?;
     let cursors = CursorCodec::from_env()?;
     let limits = RequestLimits::from_env()?;
+    let audit_every = telemetry::audit_interval_from_env()?;
     let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
+    // Before anything emits: the layer's handles and the audit's gauge bind to this recorder.
+    let metrics = telemetry::install()?;
     let opened = startup::open(database_url.as_deref(), cursors, limits, Arc::new(CreatedAt::now)).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     let admin_listener = tokio::net::TcpListener::bind(&admin_address).await?;
@@ -260,7 +265,8 @@ async fn serve() -> Result<(), BoxError> {
     let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
-    let admin_router = opened.admin.into_router(admin_token);
+    telemetry::spawn_audit(opened.orders.clone(), audit_every);
+    let admin_router = opened.admin.merge(telemetry::routes(metrics)).into_router(admin_token);
     let (api, admin) = tokio::join!(
         serve::serve(listener, opened.api, until_stopped(stopped.clone())),
         serve::serve(admin_listener, admin_router, until_stopped(stopped)),
