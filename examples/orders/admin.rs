@@ -32,11 +32,6 @@ pub(crate) const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:3001";
 pub(crate) struct AdminToken(Option<Arc<str>>);
 
 impl AdminToken {
-    /// A token given in code (tests), or none.
-    pub(crate) fn new(token: Option<&str>) -> Self {
-        Self(token.map(Arc::from))
-    }
-
     /// Reads `ORDERS_ADMIN_TOKEN`: unset or empty turns the operator routes off; a token must be
     /// at least 16 visible ASCII characters, else the service refuses to start.
     pub(crate) fn from_env() -> Result<Self, BoxError> {
@@ -61,18 +56,11 @@ pub(crate) struct AdminRoutes {
 }
 
 impl AdminRoutes {
-    /// Adds the routes of `other`.
-    pub(crate) fn merge(self, other: AdminRoutes) -> Self {
-        Self { open: self.open.merge(other.open), operator: self.operator.merge(other.operator) }
-    }
-
     /// The operator listener's service: `open` as it is, `operator` behind `token` (or absent
     /// when there is none), 404 for the rest.
     pub(crate) fn into_router(self, token: AdminToken) -> Router {
         let router = match token.0 {
-            Some(token) => {
-                self.open.merge(self.operator.route_layer(middleware::from_fn_with_state(token, require_token)))
-            }
+            Some(token) => self.open.merge(self.operator.layer(middleware::from_fn_with_state(token, require_token))),
             None => self.open,
         };
         router.fallback(|| async { ApiProblem::admin_not_found() })
