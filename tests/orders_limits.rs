@@ -33,6 +33,7 @@ impl Orders {
         let mut command = Command::new(orders_binary());
         command
             .env("ORDERS_ADDR", "127.0.0.1:0")
+            .env("ORDERS_ADMIN_ADDR", "127.0.0.1:0")
             .env("DATABASE_URL", format!("sqlite:{}?mode=rwc", file.display()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

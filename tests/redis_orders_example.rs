@@ -24,6 +24,7 @@ impl Orders {
     fn start(database_url: &str, redis_url: &str) -> Orders {
         let mut child = Command::new(orders_binary())
             .env("ORDERS_ADDR", "127.0.0.1:0")
+            .env("ORDERS_ADMIN_ADDR", "127.0.0.1:0")
             .env("DATABASE_URL", database_url)
             .env("REDIS_URL", redis_url)
             .stdout(Stdio::piped())

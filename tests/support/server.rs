@@ -42,6 +42,7 @@ impl Server {
     pub fn start(database_url: &str, port: u16) -> Server {
         let mut child = Command::new(orders_binary())
             .env("ORDERS_ADDR", format!("127.0.0.1:{port}"))
+            .env("ORDERS_ADMIN_ADDR", "127.0.0.1:0")
             .env("DATABASE_URL", database_url)
             .env("ORDERS_CURSOR_SECRET", "a-fixed-secret-for-restarts")
             .stdout(Stdio::piped())
