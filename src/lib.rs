@@ -74,6 +74,13 @@
 //!   `idempotency_commit_uncertain`: the answer could not be stored, so it is not acknowledged.
 //! - A guarded request whose body cannot be read answers 400 `idempotency_body_unreadable`.
 //!
+//! ## Rolling out and operating
+//!
+//! A [`RolloutSwitch`] turns the layer to `Enforce`, `Shadow` or `Off` at run time, and a
+//! [`Cohort`] enforces some tenants only; in `Shadow` and `Off` handlers take the old path and
+//! still get their transaction (see [`rollout`]). What the layer reports (metrics, the
+//! `idempotency` span) is in [`telemetry`].
+//!
 //! ## Stores and coupling modes
 //!
 //! | store | feature | modes |
@@ -115,8 +122,9 @@
 //! - `client`: the client half, `client::IdempotentRetryLayer` (and, with `tonic`,
 //!   `client::GrpcIdempotentRetryLayer`): retries that keep their key, for hyper-style HTTP
 //!   clients and tonic channels.
-//! - `metrics`: counters through the `metrics` facade (today the client layers' attempts,
-//!   retries and give-ups).
+//! - `metrics`: metrics through the `metrics` facade: the layer's (requests by result, shadow
+//!   counts, its own latency, store calls, stored sizes, the fast path's events; see
+//!   [`telemetry`]) and the client layers' attempts, retries and give-ups.
 //! - `testkit`: the conformance suites in `testkit` for your own stores and services.
 //! - `full`: all of the above.
 //! - `grpc-example`: not for library users; compiles the `.proto` files of this crate's own

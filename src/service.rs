@@ -139,7 +139,7 @@ impl<S, St> IdempotencyService<S, St> {
             replayed = tracing::field::Empty,
             fencing_token = tracing::field::Empty,
         );
-        let guarded = guard(inner, self.store.clone(), self.config.clone(), protocol, request, rebuild);
+        let guarded = guard(inner, self.store.clone(), self.config.clone(), protocol, request, rebuild, span.clone());
         ResponseFuture::guarded(Box::pin(guarded.instrument(span)))
     }
 }
@@ -152,6 +152,8 @@ pub(crate) struct Guarded<S, St> {
     pub(crate) protocol: Protocol,
     pub(crate) operation: Arc<str>,
     pub(crate) metrics: OperationMetrics,
+    /// The request's `idempotency` span, whose fields the path fills in.
+    pub(crate) span: tracing::Span,
 }
 
 /// The guarded path of one request: its mode (from the rollout switch and the request's
@@ -163,6 +165,7 @@ async fn guard<S, St, ReqBody, ResBody>(
     protocol: Protocol,
     request: Request<ReqBody>,
     rebuild: fn(Bytes) -> ReqBody,
+    span: tracing::Span,
 ) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -173,7 +176,6 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let mut timer = Timer::start();
-    let span = tracing::Span::current();
     let (parts, body) = request.into_parts();
     let operation = protocol.operation(&parts);
     span.record("operation", &*operation);
@@ -182,7 +184,7 @@ where
     let mode = config.rollout.mode_for(scope.as_ref());
     span.record("mode", mode.as_str());
     let metrics = config.telemetry.operation(&operation);
-    let mut guarded = Guarded { inner, store, config, protocol, operation, metrics };
+    let mut guarded = Guarded { inner, store, config, protocol, operation, metrics, span: span.clone() };
     match mode {
         RolloutMode::Enforce => {
             let (answer, result) = enforce(&mut guarded, &mut timer, parts, body, key, scope, rebuild).await;
@@ -230,8 +232,7 @@ where
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Into<BoxError>,
 {
-    let Guarded { inner, store, config, protocol, operation, metrics } = guarded;
-    let span = tracing::Span::current();
+    let Guarded { inner, store, config, protocol, operation, metrics, span } = guarded;
     let refuse = |problem: Problem| {
         let result = RequestResult::of_problem(problem.code());
         (Ok(protocol.refuse(problem)), Some(result))

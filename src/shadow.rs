@@ -71,7 +71,7 @@ where
         return Ok(old_path(&mut guarded, Request::from_parts(parts, body), None).await?.0);
     };
     let id = RecordId::new(&scope, &guarded.operation, &key);
-    tracing::Span::current().record("record", tracing::field::display(&id));
+    guarded.span.record("record", tracing::field::display(&id));
     let context = IdempotencyContext::new(id, guarded.operation.clone(), None);
 
     // The body: refused before it is read, it goes on untouched; read, it is handed on whole.

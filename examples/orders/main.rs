@@ -76,6 +76,16 @@
 //!   `listening on` line. See `admin.rs`.
 //! - `ORDERS_ADMIN_TOKEN`: the bearer token of the operator routes (`/admin/...`), at least 16
 //!   visible ASCII characters. Unset: every `/admin/` route answers 404.
+//! - `ORDERS_IDEMPOTENCY_MODE` (`enforce`, the default, `shadow` or `off`) and
+//!   `ORDERS_IDEMPOTENCY_COHORT` (account ids, comma-separated: enforced whatever the mode): the
+//!   idempotency layer's rollout, changeable at run time with `GET`/`PUT
+//!   /admin/idempotency/rollout` on the operator listener. In `off` and `shadow` mode
+//!   `POST /orders` takes the old path: every call creates an order, 201 as before, without
+//!   `idempotent-replayed`. See `rollout.rs`.
+//! - `ORDERS_AUDIT_SECS` (default 60; fractions allowed): how often the audit behind
+//!   `orders_duplicate_effects` runs. `GET /metrics` on the operator listener (no token) shows it,
+//!   and the layer's metrics in a build with the `metrics` feature
+//!   (`cargo run --features metrics --example orders`). See `telemetry.rs`.
 //! - `ORDERS_CURSOR_SECRET`: the key that signs pagination cursors, at least 16 bytes. Unset:
 //!   a random key per process (cursors then stop working after a restart).
 //! - `REDIS_URL` (`redis://127.0.0.1:6379/`, in a build with the `redis` feature): puts the
@@ -191,6 +201,8 @@
 //! One module per step, in the order a request meets them:
 //!
 //! - `admin`: the operator listener and its token;
+//! - `rollout`: the idempotency layer's mode and cohort, and their operator routes;
+//! - `telemetry`: `GET /metrics` and the duplicate-effects audit;
 //! - `auth`: `Authorization: Bearer <account>` becomes the account and the idempotency scope;
 //! - `api`: the routes (idempotency on `POST /orders` only) and their handlers;
 //! - `create_request`: the body of `POST /orders`, read strictly;

@@ -120,4 +120,26 @@ mod tests {
         assert_eq!((stats.hits, stats.bypassed, stats.misses), (2, 1, 0));
         assert_eq!(FastPathStats { hits: 0, bypassed: 0, ..stats }, FastPathStats::default());
     }
+
+    /// The counters of `idempotency_fast_path_total{result}` are mirrored; the others are not.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_mirrored_counters_reach_the_recorder_with_their_result_label() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let counters = Counters::default();
+            for counter in [&counters.hits, &counters.misses, &counters.locks, &counters.waits, &counters.degraded] {
+                counter.bump();
+            }
+            counters.hits.bump();
+            counters.bypassed.bump();
+        });
+        let text = handle.render();
+        for (result, count) in [("hit", 2), ("miss", 1), ("lock_acquired", 1), ("lock_waited", 1), ("degraded", 1)] {
+            let line = format!("idempotency_fast_path_total{{result=\"{result}\"}} {count}");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert_eq!(text.matches("idempotency_fast_path_total{").count(), 5, "{text}");
+    }
 }
