@@ -1,11 +1,10 @@
 //! Shadow mode's added latency against `off`, on SQLite and on PostgreSQL, in one run.
 //!
 //! The route is an atomic handler: it takes the `TxHandle` and inserts an order through it. In
-//! `off` it gets the store's plain transaction; in `shadow` too, and the layer also buffers the
-//! body, computes the fingerprint and, after the answer, records the request under its shadow
-//! identity on a task of its own. Each request has a fresh key. One client sends requests one
-//! after another through the router (no sockets), so a shadow write that is still running when
-//! the next request starts competes with it for the database, as it would in production.
+//! `off` it gets the store's plain transaction; in `shadow` it gets the transaction of the
+//! request's shadow claim, and the layer also buffers the body, computes the fingerprint, looks
+//! the shadow identity up and stores the shadow record before the COMMIT. Each request has a
+//! fresh key. One client sends requests one after another through the router (no sockets).
 //!
 //! Each round measures both modes for `WINDOW` each, the order alternating per round; it
 //! prints the mean latency of each mode and the per-round ratios `shadow / off` (median and

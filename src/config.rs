@@ -68,8 +68,6 @@ pub(crate) struct Config {
     pub(crate) rollout: RolloutSwitch,
     /// The layer's metric handles, shared by its clones.
     pub(crate) telemetry: Arc<Telemetry>,
-    /// The shadow records being written at once, bounded.
-    pub(crate) shadow_writes: Arc<tokio::sync::Semaphore>,
     /// The gRPC method paths guarded (`/package.Service/Method`); other gRPC calls pass through.
     #[cfg(feature = "tonic")]
     pub(crate) grpc_methods: Vec<Arc<str>>,
@@ -102,7 +100,6 @@ impl Default for Config {
             problem_type_base: Arc::from("urn:tower-idempotency:problem:"),
             rollout: RolloutSwitch::default(),
             telemetry: Arc::default(),
-            shadow_writes: Arc::new(tokio::sync::Semaphore::new(crate::shadow::MAX_SHADOW_WRITES)),
             #[cfg(feature = "tonic")]
             grpc_methods: Vec::new(),
             #[cfg(feature = "tonic")]

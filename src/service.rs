@@ -205,7 +205,7 @@ where
                 }
                 _ => None,
             };
-            old_path::old_path(&mut guarded, Request::from_parts(parts, body), context).await.map(|(answer, _)| answer)
+            old_path::old_path(&mut guarded, Request::from_parts(parts, body), context).await.map(|(answer, ..)| answer)
         }
     }
 }

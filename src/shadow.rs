@@ -1,8 +1,10 @@
 //! Shadow mode (see [`rollout`](crate::rollout)): the request takes the old path, and what
-//! enforce mode would have done is found out afterwards, off the request's path, by looking
-//! the request up under its shadow identity and recording it there.
+//! enforce mode would have done is found out by looking the request up under its shadow
+//! identity, without waiting, and recording it there once the answer is produced: on an atomic
+//! store in the same transaction as the handler's writes (one COMMIT, as on the old path), on
+//! other stores with a claim finished right after the answer.
 
-use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
@@ -15,17 +17,13 @@ use crate::config::Config;
 use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
 use crate::key::{IdempotencyKey, RecordId, Scope};
-use crate::old_path::old_path;
+use crate::old_path::{OldTx, old_path, old_path_in};
 use crate::outcome::OutcomeClass;
 use crate::problem::Problem;
 use crate::record::StoredResponse;
 use crate::service::{Guarded, Verdict, admit_request_body, read_request_body, same_request};
 use crate::store::{Begin, BeginRequest, Claim, Outcome, Store};
-use crate::telemetry::{OperationMetrics, RequestResult};
-
-/// How many shadow records a layer writes at once, at most; a request past it is counted as
-/// `store_unavailable` and not recorded (memory stays bounded when the store is slow).
-pub(crate) const MAX_SHADOW_WRITES: usize = 256;
+use crate::telemetry::RequestResult;
 
 /// The shadow path of one request. The answer is the old path's, always, with one exception: a
 /// body that cannot be read whole (over the limit without a `Content-Length`, broken, or late)
@@ -97,36 +95,87 @@ where
     };
     let fingerprint = request.fingerprint(&guarded.config, None);
 
-    let (response, class) = old_path(&mut guarded, Request::from_parts(parts, rebuild(body)), Some(context)).await?;
-    drop(reservation);
-
-    // The answer is produced: look up and record off its path.
-    let status = response.status();
-    let job = record(
-        guarded.store.clone(),
-        guarded.config.clone(),
-        guarded.metrics.clone(),
-        id.shadow(),
-        fingerprint,
-        request,
-        class,
-        status,
-    );
-    match (tokio::runtime::Handle::try_current(), guarded.config.shadow_writes.clone().try_acquire_owned()) {
-        (Ok(runtime), Ok(permit)) => {
-            runtime.spawn(async move {
-                job.await;
-                drop(permit);
+    // The lookup, under the shadow identity, never waiting on a duplicate in flight.
+    let shadow_id = id.shadow();
+    let config = guarded.config.clone();
+    let begin = BeginRequest::new(&shadow_id, &fingerprint)
+        .wait(Duration::ZERO)
+        .lease(config.lease)
+        .stale_lease(config.stale_lease)
+        .retention(config.retention);
+    let (transaction, pending, known) = match guarded.store.begin(begin).await {
+        // An atomic store: the handler writes in the shadow claim's transaction, and the shadow
+        // record commits with its writes.
+        Ok(Begin::Claimed(claim)) if claim.handle().is_some() => (Some(OldTx::Shadow(claim)), None, None),
+        // Leased, or in memory: the claim is finished once the answer is produced.
+        Ok(Begin::Claimed(claim)) => (plain(&guarded.store, config.in_flight_wait).await, Some(claim), None),
+        Ok(Begin::Existing(record)) => {
+            let same = same_request(&record.fingerprint, &fingerprint, |version| {
+                Some(request.fingerprint(&config, Some(version)))
             });
+            (plain(&guarded.store, config.in_flight_wait).await, None, Some(Verdict::of(&record, same).result()))
         }
-        // No runtime to spawn on: record in line.
-        (Err(_), Ok(_permit)) => job.await,
-        (_, Err(_)) => {
-            tracing::debug!("idempotency (shadow): too many shadow records being written; this one is skipped");
-            guarded.metrics.shadow(RequestResult::StoreUnavailable);
+        Ok(Begin::InFlight { .. }) => {
+            (plain(&guarded.store, config.in_flight_wait).await, None, Some(RequestResult::InFlight))
+        }
+        Err(error) => {
+            tracing::debug!(%error, "idempotency (shadow): the store failed");
+            (plain(&guarded.store, config.in_flight_wait).await, None, Some(RequestResult::StoreUnavailable))
+        }
+    };
+    let in_claim = matches!(transaction, Some(OldTx::Shadow(_)));
+    let answered =
+        old_path_in(&mut guarded, Request::from_parts(parts, rebuild(body)), Some(context), transaction).await;
+    drop(reservation);
+    let (response, class, finished) = match answered {
+        Ok(answered) => answered,
+        Err(error) => {
+            if let Some(claim) = pending {
+                let _ = claim.finish(Outcome::Release).await;
+            }
+            return Err(error);
+        }
+    };
+    let result = match (known, pending) {
+        (Some(result), _) => result,
+        (None, Some(claim)) => match claim.finish(shadow_outcome(class, response.status())).await {
+            Ok(()) => executed(class),
+            Err(error) => {
+                tracing::debug!(%error, "idempotency (shadow): recording failed");
+                RequestResult::StoreUnavailable
+            }
+        },
+        (None, None) if in_claim && finished == Some(Ok(())) => executed(class),
+        (None, None) => RequestResult::StoreUnavailable,
+    };
+    guarded.metrics.shadow(result);
+    tracing::debug!(record = %shadow_id, result = result.as_str(), "idempotency (shadow): what enforce mode would have done");
+    Ok(response)
+}
+
+/// The store's plain transaction for the old path (none if it fails).
+async fn plain<St: Store>(store: &St, wait: Duration) -> Option<OldTx<St::Claim>> {
+    match store.plain_transaction(wait).await {
+        Ok(transaction) => transaction.map(OldTx::Plain),
+        Err(error) => {
+            tracing::warn!(%error, "idempotency (shadow): no transaction from the store; the handler runs without one");
+            None
         }
     }
-    Ok(response)
+}
+
+/// What a shadow record keeps of an answer of `class`: its status, no body.
+fn shadow_outcome(class: OutcomeClass, status: StatusCode) -> Outcome {
+    match class {
+        OutcomeClass::Release => Outcome::Release,
+        OutcomeClass::Reject => Outcome::Reject(StoredResponse::new(status, "")),
+        _ => Outcome::Complete(StoredResponse::new(status, "")),
+    }
+}
+
+/// What enforce mode would have counted for a first execution whose answer is of `class`.
+fn executed(class: OutcomeClass) -> RequestResult {
+    if class == OutcomeClass::Release { RequestResult::Released } else { RequestResult::Executed }
 }
 
 /// What shadow mode keeps of a request, to compare it with a record of another fingerprint
@@ -153,54 +202,4 @@ impl Looked {
             }
         }
     }
-}
-
-/// Looks the request up under its shadow identity `shadow_id` and records it there (a record
-/// with the answer's status and no body: it is never replayed), counting what enforce mode
-/// would have done. A store failure is counted and otherwise ignored.
-#[allow(clippy::too_many_arguments)]
-async fn record<St: Store>(
-    store: St,
-    config: Arc<Config>,
-    metrics: OperationMetrics,
-    shadow_id: RecordId,
-    fingerprint: Fingerprint,
-    request: Looked,
-    class: OutcomeClass,
-    status: StatusCode,
-) {
-    let begin = BeginRequest::new(&shadow_id, &fingerprint)
-        .wait(config.in_flight_wait)
-        .lease(config.lease)
-        .stale_lease(config.stale_lease)
-        .retention(config.retention);
-    let result = match store.begin(begin).await {
-        Ok(Begin::Claimed(claim)) => {
-            let (outcome, result) = match class {
-                OutcomeClass::Release => (Outcome::Release, RequestResult::Released),
-                OutcomeClass::Reject => (Outcome::Reject(StoredResponse::new(status, "")), RequestResult::Executed),
-                _ => (Outcome::Complete(StoredResponse::new(status, "")), RequestResult::Executed),
-            };
-            match claim.finish(outcome).await {
-                Ok(()) => result,
-                Err(error) => {
-                    tracing::debug!(%error, "idempotency (shadow): recording failed");
-                    RequestResult::StoreUnavailable
-                }
-            }
-        }
-        Ok(Begin::Existing(record)) => {
-            let same = same_request(&record.fingerprint, &fingerprint, |version| {
-                Some(request.fingerprint(&config, Some(version)))
-            });
-            Verdict::of(&record, same).result()
-        }
-        Ok(Begin::InFlight { .. }) => RequestResult::InFlight,
-        Err(error) => {
-            tracing::debug!(%error, "idempotency (shadow): the store failed");
-            RequestResult::StoreUnavailable
-        }
-    };
-    metrics.shadow(result);
-    tracing::debug!(record = %shadow_id, result = result.as_str(), "idempotency (shadow): what enforce mode would have done");
 }

@@ -13,7 +13,7 @@
 //! | metric | kind | labels | what |
 //! |---|---|---|---|
 //! | `idempotency_requests_total` | counter | `operation`, `result` | one per enforced guarded request, by [`RequestResult`] |
-//! | `idempotency_shadow_total` | counter | `operation`, `result` | what enforce mode would have done with a request seen in shadow mode, same `result` values (counted once its shadow record is written, after the answer) |
+//! | `idempotency_shadow_total` | counter | `operation`, `result` | what enforce mode would have done with a request seen in shadow mode, same `result` values (counted once the answer is produced and the shadow record written) |
 //! | `idempotency_overhead_seconds` | histogram | `operation` | the time the layer adds to an enforced request: everything but the inner service (key, body, fingerprint, store calls, buffering the answer) |
 //! | `idempotency_store_seconds` | histogram | `operation`, `step` | store calls of enforced requests: `begin` (claim or look up), `finish` (store the outcome and commit, or release) |
 //! | `idempotency_stored_bytes` | histogram | `operation` | the body size of each response stored for replay (complete or failed): the storage cost |
@@ -64,7 +64,9 @@
 //! Every guarded request runs inside an `INFO` span named `idempotency` with the fields
 //! `operation`, `mode` (`enforce`, `shadow`, `off`), `record` (the identity's digest, never the
 //! key), `result` (as above), `replayed` (bool) and `fencing_token` (leased claims); the
-//! layer's own events and the inner service's spans are inside it.
+//! layer's own events and the inner service's spans are inside it. In shadow mode `result` is
+//! not set on the span (nothing was enforced); the debug event
+//! `idempotency (shadow): what enforce mode would have done` carries it.
 
 /// `idempotency_requests_total{operation, result}`.
 pub const REQUESTS: &str = "idempotency_requests_total";
