@@ -43,7 +43,8 @@ async fn main() -> Result<(), BoxError> {
 
     tokio::spawn(purge_forever(store.clone()));
     // Short for the demonstration; the defaults are 24 h of replays and 7 days of tombstones.
-    let retention = Retention { response: Duration::from_secs(60), tombstone: Duration::from_secs(300) };
+    let retention =
+        Retention { response: Duration::from_secs(60), tombstone: Duration::from_secs(300), ..Retention::default() };
     let idempotency = IdempotencyLayer::new(store).shared_scope("example").retention(retention);
     let app = Router::new().route("/notes", post(create_note).layer(idempotency));
 

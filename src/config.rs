@@ -59,6 +59,8 @@ pub(crate) struct Config {
     pub(crate) in_flight_wait: Duration,
     pub(crate) retry_after: Duration,
     pub(crate) lease: Duration,
+    /// Whether a leased claim's lease is renewed while its handler runs.
+    pub(crate) heartbeat: bool,
     pub(crate) stale_lease: StaleLeasePolicy,
     pub(crate) retention: Retention,
     pub(crate) mismatch_status: StatusCode,
@@ -92,6 +94,7 @@ impl Default for Config {
             in_flight_wait: Duration::from_secs(2),
             retry_after: Duration::from_secs(1),
             lease: Duration::from_secs(30),
+            heartbeat: true,
             stale_lease: StaleLeasePolicy::MarkUnknown,
             retention: Retention::default(),
             mismatch_status: StatusCode::UNPROCESSABLE_ENTITY,

@@ -18,6 +18,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+use tokio::sync::watch;
+
 use crate::key::RecordId;
 
 /// The handler's view of its idempotent execution.
@@ -31,13 +33,46 @@ struct Inner {
     operation: Arc<str>,
     operation_id: OnceLock<String>,
     fencing_token: Option<u64>,
+    /// Turns `true` when the layer's heartbeat finds the lease lost; `None`: never.
+    lease_lost: Option<watch::Receiver<bool>>,
 }
 
 impl IdempotencyContext {
     /// A context for `id`, as the layer builds it (public so handlers can be unit-tested).
     pub fn new(id: RecordId, operation: impl Into<Arc<str>>, fencing_token: Option<u64>) -> Self {
-        let inner = Inner { id, operation: operation.into(), operation_id: OnceLock::new(), fencing_token };
+        Self::with_lease_signal(id, operation, fencing_token, None)
+    }
+
+    /// A context whose [`lease_lost`](Self::lease_lost) follows `signal`.
+    pub(crate) fn with_lease_signal(
+        id: RecordId,
+        operation: impl Into<Arc<str>>,
+        fencing_token: Option<u64>,
+        signal: Option<watch::Receiver<bool>>,
+    ) -> Self {
+        let inner =
+            Inner { id, operation: operation.into(), operation_id: OnceLock::new(), fencing_token, lease_lost: signal };
         Self { inner: Arc::new(inner) }
+    }
+
+    /// Whether the layer's heartbeat found this execution's lease lost (taken over, or not
+    /// renewable before it ran out): its outcome will not be stored, and the client gets 503
+    /// `idempotency_commit_uncertain`. A handler that checks it before its side effect can stop
+    /// there. Always `false` in atomic mode, where the transaction fences the handler.
+    pub fn lease_lost(&self) -> bool {
+        self.inner.lease_lost.as_ref().is_some_and(|signal| *signal.borrow())
+    }
+
+    /// Resolves when the lease is found lost ([`lease_lost`](Self::lease_lost)); never, if it
+    /// is not (race it against the handler's work with `tokio::select!`).
+    pub async fn lease_lost_signal(&self) {
+        let Some(mut signal) = self.inner.lease_lost.clone() else {
+            return std::future::pending().await;
+        };
+        if signal.wait_for(|lost| *lost).await.is_err() {
+            // The layer is done with this execution without finding the lease lost.
+            std::future::pending::<()>().await;
+        }
     }
 
     /// The scoped identity (a digest: safe to log).
@@ -76,6 +111,7 @@ impl std::fmt::Debug for IdempotencyContext {
             .field("operation", &self.inner.operation)
             .field("operation_id", &self.operation_id())
             .field("fencing_token", &self.inner.fencing_token)
+            .field("lease_lost", &self.lease_lost())
             .finish()
     }
 }

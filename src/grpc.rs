@@ -162,7 +162,9 @@ use crate::body::IdempotencyBody;
 use crate::future::ResponseFuture;
 use crate::layer::IdempotencyLayer;
 use crate::protocol::UnnamedGrpc;
-pub use crate::protocol::grpc::{GRPC_STATUS, GrpcClassifier, grpc_status, is_grpc, is_rejection, reject};
+pub use crate::protocol::grpc::{
+    GRPC_STATUS, GrpcClassifier, grpc_status, is_grpc, is_outcome_unknown, is_rejection, outcome_unknown, reject,
+};
 use crate::service::IdempotencyService;
 use crate::store::Store;
 

@@ -187,6 +187,15 @@ impl Scope {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A SHA-256 digest of the scope, what the stores keep of it (never the scope itself), so
+    /// that a record is found by its operation id only within its own scope.
+    pub fn digest(&self) -> [u8; 32] {
+        let mut hasher = Sha256::new();
+        hasher.update(b"tower-idempotency/scope/v1\0");
+        hasher.update(self.0.as_bytes());
+        hasher.finalize().into()
+    }
 }
 
 impl fmt::Debug for Scope {
@@ -233,6 +242,12 @@ impl RecordId {
         Self(hasher.finalize().into())
     }
 
+    /// The identity of a stored digest, as the stores read it back.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub(crate) const fn from_digest(digest: [u8; 32]) -> Self {
+        Self(digest)
+    }
+
     /// The digest bytes.
     pub const fn digest(&self) -> &[u8; 32] {
         &self.0
@@ -246,8 +261,7 @@ impl RecordId {
     /// A stable operation id for this identity, the same on every retry: a UUID-shaped
     /// string derived from the digest (and not equal to it).
     pub fn operation_id(&self) -> String {
-        let derived = derive(b"operation-id", &self.0, b"");
-        let hex = crate::hex::encode(&derived[..16]);
+        let hex = crate::hex::encode(&self.operation_id_bytes());
         format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
     }
 
@@ -256,6 +270,14 @@ impl RecordId {
     /// shadow mode saw (see [`rollout`](crate::rollout)).
     pub fn shadow(&self) -> RecordId {
         RecordId(derive(b"shadow-record", &self.0, b""))
+    }
+
+    /// The 16 bytes of [`operation_id`](Self::operation_id), as the stores keep them.
+    pub(crate) fn operation_id_bytes(&self) -> [u8; 16] {
+        let derived = derive(b"operation-id", &self.0, b"");
+        let mut bytes = [0; 16];
+        bytes.copy_from_slice(&derived[..16]);
+        bytes
     }
 
     /// A key for a downstream call (a payment provider's `Idempotency-Key`, say), stable for

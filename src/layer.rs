@@ -147,9 +147,19 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// The lease of a leased claim (default 30 s).
+    /// The lease of a leased claim (default 30 s). While the handler runs, the heartbeat
+    /// renews it every third of the lease (see [`heartbeat`](Self::heartbeat)), so the lease
+    /// bounds how long a dead process keeps its key, not how long a handler may take.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
+        self
+    }
+
+    /// Whether a leased claim's lease is renewed, fenced by its token, every third of the lease
+    /// while the handler runs (default on). Off, a handler that outlives its lease loses its
+    /// claim: its duplicates apply the stale-lease policy and its outcome is refused.
+    pub fn heartbeat(mut self, enabled: bool) -> Self {
+        self.config.heartbeat = enabled;
         self
     }
 
@@ -159,7 +169,8 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// How long answers and tombstones are kept (default 24 h and 7 days).
+    /// How long answers, unsettled records and tombstones are kept (default 24 h, 30 days and
+    /// 7 days).
     pub fn retention(mut self, retention: Retention) -> Self {
         self.config.retention = retention;
         self

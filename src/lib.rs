@@ -73,6 +73,17 @@
 //! - A leased claim whose fenced completion finds the lease lost answers 503
 //!   `idempotency_commit_uncertain`: the answer could not be stored, so it is not acknowledged.
 //! - A guarded request whose body cannot be read answers 400 `idempotency_body_unreadable`.
+//! - A leased handler's heartbeat does not cancel the handler when it finds the lease lost: the
+//!   handler may be mid-way through something it must finish or undo. It sees the loss through
+//!   [`IdempotencyContext::lease_lost`], and its outcome is refused (503
+//!   `idempotency_commit_uncertain`). A heartbeat whose renewals fail (the store unreachable)
+//!   keeps trying until the lease it last renewed runs out, then counts the lease as lost.
+//! - An unsettled record's retention (`Retention::unsettled`, 30 days) is counted from its claim,
+//!   or from the moment its handler marked its outcome unknown; a reconciler that cannot decide
+//!   does not extend it. The operation name kept with a record for reconcilers is the route's
+//!   identity, never longer than 512 bytes (longer ones are not kept).
+//! - A reconciler that does not answer within `RecoveryWorker::reconcile_timeout` (30 s) counts
+//!   as "still unknown"; the record is asked about again after its backoff.
 //!
 //! ## Rolling out and operating
 //!
@@ -109,6 +120,18 @@
 //! a dead holder's lease marks the record `unknown` instead of running again, unless the route
 //! declares itself re-executable ([`StaleLeasePolicy::Reexecute`]).
 //!
+//! ## Effects that leave the service, and webhook receivers
+//!
+//! A committed execution that must also tell the outside world writes an event to the outbox
+//! in the same transaction (feature `outbox`); a relay delivers it at least once, as a signed
+//! Standard Webhook whose `webhook-id` is derived from the operation id. On the receiving side,
+//! the same layer deduplicates deliveries: keyed on `webhook-id` instead of `Idempotency-Key`
+//! (`IdempotencyLayer::header`), scoped by the sender, behind the signature check, so a
+//! redelivered event replays the first 2xx without being processed again and a reused id with
+//! another body is refused (422 `idempotency_key_reused`). With the receiver's processing in the
+//! layer's transaction (an atomic store), an event is processed by its consumer exactly once. The
+//! `outbox` module's docs show both halves.
+//!
 //! ## Feature flags
 //!
 //! - `axum` (default): extractors for [`IdempotencyContext`] and `TxHandle`, and axum's
@@ -124,7 +147,12 @@
 //!   clients and tonic channels.
 //! - `metrics`: metrics through the `metrics` facade: the layer's (requests by result, shadow
 //!   counts, its own latency, store calls, stored sizes, the fast path's events; see
-//!   [`telemetry`]) and the client layers' attempts, retries and give-ups.
+//!   [`telemetry`]), the recovery worker's (see [`recovery`]), the outbox relay's, and the client
+//!   layers' attempts, retries and give-ups.
+//! - `outbox`: `outbox`, a transactional outbox for the SQL stores (events enqueued through the
+//!   request's `TxHandle`, a relay with leases, backoff and a deadline), a Standard Webhooks
+//!   sender over hyper-util's client, and the signature check for receivers that deduplicate
+//!   deliveries with this layer keyed on `webhook-id`.
 //! - `testkit`: the conformance suites in `testkit` for your own stores and services.
 //! - `full`: all of the above.
 //! - `grpc-example`: not for library users; compiles the `.proto` files of this crate's own
@@ -154,15 +182,21 @@ pub mod fuzzing;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
+mod heartbeat;
 mod hex;
+mod join;
 pub mod key;
 mod layer;
 mod name;
 mod old_path;
+#[cfg(feature = "outbox")]
+#[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
+pub mod outbox;
 pub mod outcome;
 pub mod problem;
 mod protocol;
 pub mod record;
+pub mod recovery;
 pub mod rollout;
 mod service;
 mod shadow;
@@ -184,6 +218,7 @@ pub use layer::IdempotencyLayer;
 pub use name::InvalidName;
 pub use outcome::OutcomeClass;
 pub use record::{Record, RecordState, StoredResponse};
+pub use recovery::{Reconciliation, RecoveryReport, RecoveryWorker};
 pub use rollout::{Cohort, RolloutMode, RolloutSwitch};
 pub use service::IdempotencyService;
 pub use service::REPLAYED_HEADER;
@@ -198,7 +233,7 @@ pub use store::sql::tx;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::SqliteStore;
-pub use store::{Begin, BeginRequest, Claim, CouplingMode, Outcome, PlainTransaction, Retention, Store};
+pub use store::{Admin, Begin, BeginRequest, Claim, CouplingMode, Outcome, PlainTransaction, Retention, Store};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub use tx::TxHandle;

@@ -22,7 +22,8 @@ use crate::store::{Claim, FinishError, Outcome, PlainTransaction, Store};
 /// shadow mode on an atomic store, the transaction of the request's shadow claim (so the shadow
 /// record commits with the handler's writes, in one transaction, as in atomic mode).
 pub(crate) enum OldTx<C: Claim> {
-    /// A plain transaction: committed for a *complete* answer, else rolled back.
+    /// A plain transaction: committed for a *complete* answer or an *unknown* outcome, else
+    /// rolled back.
     Plain(PlainTransaction<C::Handle>),
     /// A shadow claim with a transaction: finished by the same rule, storing a record with the
     /// answer's status and no body (never replayed) for a *complete* or *failed* answer.
@@ -39,13 +40,16 @@ impl<C: Claim> OldTx<C> {
 
     async fn finish(self, class: OutcomeClass, status: http::StatusCode) -> Result<(), FinishError> {
         match (self, class) {
-            (OldTx::Plain(tx), OutcomeClass::Complete) => tx.commit().await,
+            // An unknown outcome keeps its writes, as enforce mode commits them with the record.
+            (OldTx::Plain(tx), OutcomeClass::Complete | OutcomeClass::Unknown) => tx.commit().await,
             (OldTx::Plain(tx), _) => {
                 // Whatever the rollback meets, nothing is committed.
                 drop(tx.rollback().await);
                 Ok(())
             }
-            (OldTx::Shadow(claim), OutcomeClass::Complete) => {
+            // An unknown outcome is kept as its status only, never as an `unknown` record: a shadow
+            // record is never reconciled, and must not count among the unknown ones.
+            (OldTx::Shadow(claim), OutcomeClass::Complete | OutcomeClass::Unknown) => {
                 claim.finish(Outcome::Complete(StoredResponse::new(status, ""))).await
             }
             (OldTx::Shadow(claim), OutcomeClass::Reject) => {
@@ -69,7 +73,7 @@ pub(crate) type OldAnswer<B> = (Response<IdempotencyBody<B>>, OutcomeClass, Fini
 /// failure leaves the handler without it, as if the layer were absent), and `context`.
 ///
 /// With a transaction, the answer leaves after the transaction is finished, as in atomic mode:
-/// a *complete* answer commits (a failed COMMIT answers 503 `idempotency_commit_uncertain`, a
+/// a *complete* answer, or one whose outcome is *unknown*, commits (a failed COMMIT answers 503 `idempotency_commit_uncertain`, a
 /// handle still held 500 `idempotency_handle_still_held`), any other rolls back; the body is
 /// read first, within the response limit (a larger one rolls back and answers 500
 /// `idempotency_response_too_large`). Nothing is claimed, stored or replayed.

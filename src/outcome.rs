@@ -16,6 +16,19 @@
 //! *response.status_mut() = StatusCode::PAYMENT_REQUIRED;
 //! response.extensions_mut().insert(OutcomeClass::Reject);
 //! ```
+//!
+//! A handler whose downstream call timed out after it was sent does not know whether the
+//! effect happened; it says so with [`OutcomeClass::Unknown`], and the record becomes
+//! `unknown` instead of `completed`:
+//!
+//! ```
+//! use http::{Response, StatusCode};
+//! use tower_idempotency::OutcomeClass;
+//!
+//! let mut response = Response::new("the payment provider did not answer in time");
+//! *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+//! response.extensions_mut().insert(OutcomeClass::Unknown);
+//! ```
 
 use http::header::{self, HeaderName};
 use http::response::Parts;
@@ -31,6 +44,13 @@ pub enum OutcomeClass {
     Reject,
     /// Roll back and store nothing; the next retry executes afresh.
     Release,
+    /// The handler knows its own outcome is unknown (a downstream call timed out after it was
+    /// sent): the response still reaches the client, the record becomes `unknown` (never
+    /// `completed`; in atomic mode the business write commits with it), and retries get
+    /// `idempotency_outcome_unknown` until the record is settled by hand or by a reconciler.
+    /// A handler marks its response so (over gRPC, its error status with
+    /// `grpc::outcome_unknown`), or a route's own rule decides it; the default rule never does.
+    Unknown,
 }
 
 /// A route's own rule for classifying responses.

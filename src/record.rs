@@ -6,6 +6,11 @@
 //! any        ─► expired (tombstone) ─► deleted
 //! ```
 //!
+//! Every state has a retention ([`Retention`](crate::Retention)): an unsettled record
+//! (`processing`, `unknown`) expires too, so no key is locked forever. Settling an `unknown`
+//! record, by hand or by a reconciler, is [`Admin::settle`](crate::store::Admin::settle); the
+//! [`RecoveryWorker`](crate::recovery::RecoveryWorker) settles what requests left behind.
+//!
 //! Nothing goes back to `processing`, and `completed` never changes except to expire.
 //!
 //! ```

@@ -34,11 +34,12 @@
 //! When the store is an atomic SQL store, the handler still gets a `TxHandle`: a plain
 //! transaction from the same store ([`Store::plain_transaction`](crate::Store::plain_transaction)),
 //! with no claim and no stored answer. It commits when the handler is done, by the same rule as
-//! atomic mode (an answer that would be *complete* commits; one that would be *released* or
-//! *stored as a failure* rolls back), and the answer leaves only after the COMMIT. The handler
-//! also gets an [`IdempotencyContext`](crate::IdempotencyContext) when the request carries a
-//! valid key and a scope, with the same operation id as in enforce mode, so business rows keep
-//! their link to the request.
+//! atomic mode (an answer that would be *complete*, or whose outcome is *unknown*, commits; one
+//! that would be *released* or *stored as a failure* rolls back), and the answer leaves only
+//! after the COMMIT. The handler also gets an
+//! [`IdempotencyContext`](crate::IdempotencyContext) when the request carries a valid key and a
+//! scope, with the same operation id as in enforce mode, so business rows keep their link to
+//! the request.
 //!
 //! **Shadow records are kept apart** from enforced ones: they are stored under a separate
 //! identity, [`RecordId::shadow`](crate::RecordId::shadow), a one-way derivation of the

@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
 use crate::future::ResponseFuture;
+use crate::heartbeat;
 use crate::key::{IdempotencyKey, RecordId, Scope};
 use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
@@ -264,6 +265,7 @@ where
 
     // 3. Claim the identity, or answer from what is already there.
     let begin = BeginRequest::new(&id, &fingerprint)
+        .labels(&scope, operation)
         .wait(config.in_flight_wait)
         .lease(config.lease)
         .stale_lease(config.stale_lease)
@@ -300,17 +302,21 @@ where
         Err(error) => return refuse(store_unavailable(config, &id, &error)),
     };
 
-    // 4. Run the handler with the context and the claim's handle.
+    // 4. Run the handler with the context and the claim's handle, renewing a leased claim's
+    //    lease beside it.
     let fencing_token = claim.fencing_token();
     if let Some(token) = fencing_token {
         span.record("fencing_token", token);
     }
-    parts.extensions.insert(IdempotencyContext::new(id, operation.clone(), fencing_token));
+    let lease_signal = heartbeat::signal(&claim, config.heartbeat);
+    let (beat, lease_lost) = lease_signal.map_or((None, None), |(beat, lost)| (Some(beat), Some(lost)));
+    parts.extensions.insert(IdempotencyContext::with_lease_signal(id, operation.clone(), fencing_token, lease_lost));
     if let Some(handle) = claim.handle() {
         parts.extensions.insert(handle);
     }
     let called = timer.now();
-    let response = inner.call(Request::from_parts(parts, rebuild(body))).await;
+    let handler = inner.call(Request::from_parts(parts, rebuild(body)));
+    let (claim, response) = heartbeat::beside(claim, config.lease, beat, handler).await;
     timer.inner_took(Timer::since(called));
     drop(reservation);
     let response = match response {
@@ -352,6 +358,7 @@ where
     let stored_bytes = stored.body.len();
     let outcome = match class {
         OutcomeClass::Reject => Outcome::Reject(stored),
+        OutcomeClass::Unknown => Outcome::Unknown(stored),
         _ => Outcome::Complete(stored),
     };
     let finishing = timer.now();

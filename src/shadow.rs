@@ -169,6 +169,8 @@ fn shadow_outcome(class: OutcomeClass, status: StatusCode) -> Outcome {
     match class {
         OutcomeClass::Release => Outcome::Release,
         OutcomeClass::Reject => Outcome::Reject(StoredResponse::new(status, "")),
+        // Never an `unknown` record: a shadow record is never reconciled, and must not count
+        // among the unknown ones (`idempotency_records`, `idempotency_oldest_unknown_seconds`).
         _ => Outcome::Complete(StoredResponse::new(status, "")),
     }
 }

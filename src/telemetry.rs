@@ -22,7 +22,11 @@
 //! | `idempotency_oldest_unknown_seconds` | gauge | — | the age of the oldest `unknown` record, set by the recovery worker |
 //! | `idempotency_recovery_total` | counter | `action` | the recovery worker's actions: `marked_unknown`, `reconciled`, `released`, `purged` |
 //!
-//! The last three are set by the recovery worker, not by the layer.
+//! The last three are emitted by the recovery worker
+//! ([`RecoveryWorker`](crate::RecoveryWorker), on every pass), not by the layer; the same names
+//! are [`recovery::RECORDS`](crate::recovery::RECORDS),
+//! [`recovery::OLDEST_UNKNOWN_SECONDS`](crate::recovery::OLDEST_UNKNOWN_SECONDS) and
+//! [`recovery::RECOVERY_TOTAL`](crate::recovery::RECOVERY_TOTAL).
 //!
 //! `result` values and what they mean (see [`RequestResult`]):
 //!
@@ -81,11 +85,11 @@ pub const STORED_BYTES: &str = "idempotency_stored_bytes";
 /// `idempotency_fast_path_total{result}`.
 pub const FAST_PATH: &str = "idempotency_fast_path_total";
 /// `idempotency_records{state}`, set by the recovery worker.
-pub const RECORDS: &str = "idempotency_records";
+pub const RECORDS: &str = crate::recovery::RECORDS;
 /// `idempotency_oldest_unknown_seconds`, set by the recovery worker.
-pub const OLDEST_UNKNOWN: &str = "idempotency_oldest_unknown_seconds";
+pub const OLDEST_UNKNOWN: &str = crate::recovery::OLDEST_UNKNOWN_SECONDS;
 /// `idempotency_recovery_total{action}`, counted by the recovery worker.
-pub const RECOVERY: &str = "idempotency_recovery_total";
+pub const RECOVERY: &str = crate::recovery::RECOVERY_TOTAL;
 
 use crate::problem::ProblemCode;
 

@@ -220,6 +220,50 @@ async fn request_over_the_body_limit_is_resource_exhausted(mode: CouplingMode) {
     assert_eq!(service.executions("create"), 0);
 }
 
+async fn key_past_its_retention_is_failed_precondition(mode: CouplingMode) {
+    let retention = tower_idempotency::Retention {
+        response: Duration::from_millis(300),
+        tombstone: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let (service, _pool, addr) = start(mode, move |l| l.retention(retention)).await;
+    let mut client = client(addr).await;
+    client.create(call(thing("old", 1), ACCOUNT, &["k-old"])).await.expect("first call");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let late = client.create(call(thing("old", 1), ACCOUNT, &["k-old"])).await.expect_err("expired");
+    assert_eq!(late.code(), Code::FailedPrecondition, "{late:?}");
+    assert_eq!(metadata_str(late.metadata(), "idempotency-code"), Some("idempotency_key_expired"));
+    assert_eq!(service.executions("create"), 1, "an expired key never executes again");
+}
+
+async fn unknown_outcome_is_aborted_on_retry(mode: CouplingMode) {
+    // The route's rule: the downstream's UNAVAILABLE after sending means nobody knows.
+    let rule = |code| match code {
+        Code::Ok => OutcomeClass::Complete,
+        Code::Unavailable => OutcomeClass::Unknown,
+        _ => OutcomeClass::Release,
+    };
+    let (service, _pool, addr) = start(mode, move |l| l.classify_grpc_with(rule)).await;
+    let mut client = client(addr).await;
+    let first = client.fail(call(thing("x", 1), ACCOUNT, &["k-unknown"])).await.expect_err("fails");
+    assert_eq!(first.code(), Code::Unavailable, "the handler's own status reaches the client");
+    let retry = client.fail(call(thing("x", 1), ACCOUNT, &["k-unknown"])).await.expect_err("refused");
+    assert_eq!(retry.code(), Code::Aborted, "{retry:?}");
+    assert_eq!(metadata_str(retry.metadata(), "idempotency-code"), Some("idempotency_outcome_unknown"));
+    assert_eq!(service.executions("fail"), 1);
+}
+
+async fn response_too_large_to_store_is_internal(mode: CouplingMode) {
+    let (service, _pool, addr) = start(mode, |l| l.max_response_body(8)).await;
+    let mut client = client(addr).await;
+    for attempt in 1..=2 {
+        let status = client.create(call(thing("big", 1), ACCOUNT, &["k-large"])).await.expect_err("too large");
+        assert_eq!(status.code(), Code::Internal, "attempt {attempt}: {status:?}");
+        assert_eq!(metadata_str(status.metadata(), "idempotency-code"), Some("idempotency_response_too_large"));
+    }
+    assert_eq!(service.executions("create"), 2, "nothing was stored: the retry executed afresh");
+}
+
 macro_rules! modes {
     ($($case:ident),+ $(,)?) => {
         mod atomic {
@@ -255,4 +299,7 @@ modes!(
     unauthenticated_calls_are_refused_before_the_layer_and_store_nothing,
     scopes_are_isolated,
     request_over_the_body_limit_is_resource_exhausted,
+    key_past_its_retention_is_failed_precondition,
+    unknown_outcome_is_aborted_on_retry,
+    response_too_large_to_store_is_internal,
 );

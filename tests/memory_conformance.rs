@@ -8,6 +8,11 @@ mod store {
     tower_idempotency::store_suite!(leased, async { MemoryStore::new() });
 }
 
+mod lifecycle {
+    use super::*;
+    tower_idempotency::lifecycle_suite!(leased, async { MemoryStore::new() });
+}
+
 mod http {
     use super::*;
     tower_idempotency::http_contract_suite!(async { MemoryStore::new() });

@@ -33,6 +33,7 @@ impl Orders {
         let mut command = Command::new(orders_binary());
         command
             .env("ORDERS_ADDR", "127.0.0.1:0")
+            // A port of its own: the servers of this file's tests run at once.
             .env("ORDERS_ADMIN_ADDR", "127.0.0.1:0")
             .env("DATABASE_URL", format!("sqlite:{}?mode=rwc", file.display()))
             .stdout(Stdio::piped())
@@ -42,7 +43,11 @@ impl Orders {
         }
         let mut child = command.spawn().expect("start the orders example");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        stdout.read_line(&mut line).expect("first line");
+        // The second line (`admin listening on`) is read too: a pipe closed before it is
+        // written would make the server's print fail, and the server stop.
+        stdout.read_line(&mut String::new()).expect("second line");
         let addr = line
             .trim()
             .strip_prefix("listening on ")

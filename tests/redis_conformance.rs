@@ -106,7 +106,8 @@ fn locks_are_released_and_bounded_and_the_cache_ttl_is_within_retention() {
             .unwrap()
             .timeout(support::redis::TEST_TIMEOUT);
         let (id, fp) = (fresh_id("redis-ttl"), fingerprint(6));
-        let retention = Retention { response: Duration::from_secs(5), tombstone: Duration::from_secs(60) };
+        let retention =
+            Retention { response: Duration::from_secs(5), tombstone: Duration::from_secs(60), ..Retention::default() };
         let request = || BeginRequest::new(&id, &fp).lease(Duration::from_millis(700)).retention(retention);
 
         let holder = claim(&fast, request()).await;

@@ -254,7 +254,8 @@ fn a_cached_value_kept_past_its_time_is_not_replayed() {
         let prefix = unique_prefix();
         let fast = fast_over(support::pg_store(CouplingMode::Atomic).await, &prefix);
         let (id, fp) = (fresh_id("persisted"), fingerprint(10));
-        let retention = Retention { response: Duration::from_secs(5), tombstone: Duration::from_secs(600) };
+        let retention =
+            Retention { response: Duration::from_secs(5), tombstone: Duration::from_secs(600), ..Retention::default() };
         let request = || BeginRequest::new(&id, &fp).retention(retention);
         claim(&fast, request()).await.finish(Outcome::Complete(answer("old"))).await.unwrap();
         // Someone with access to Redis keeps the value beyond the TTL it was written with.

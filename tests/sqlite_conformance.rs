@@ -222,7 +222,11 @@ mod sqlite_specifics {
     fn purge_works_in_bounded_batches() {
         run(async {
             let store = sqlite_store(CouplingMode::Leased).await;
-            let retention = Retention { response: Duration::from_millis(100), tombstone: Duration::from_millis(300) };
+            let retention = Retention {
+                response: Duration::from_millis(100),
+                tombstone: Duration::from_millis(300),
+                ..Retention::default()
+            };
             let fp = fingerprint(6);
             let ids: Vec<_> = (0..5).map(|_| fresh_id("purge")).collect();
             let mut last_token = 0;

@@ -32,6 +32,12 @@ pub(crate) const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:3001";
 pub(crate) struct AdminToken(Option<Arc<str>>);
 
 impl AdminToken {
+    /// A token given in code (tests), or none.
+    #[allow(dead_code, reason = "the tests build the operator listener with a token of their own")]
+    pub(crate) fn new(token: Option<&str>) -> Self {
+        Self(token.map(Arc::from))
+    }
+
     /// Reads `ORDERS_ADMIN_TOKEN`: unset or empty turns the operator routes off; a token must be
     /// at least 16 visible ASCII characters, else the service refuses to start.
     pub(crate) fn from_env() -> Result<Self, BoxError> {

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "postgres")]
 use sqlx::Postgres;
 use sqlx::Sqlite;
+use tower_idempotency::store::Admin;
 use tower_idempotency::{IdempotencyContext, IdempotencyLayer, RolloutSwitch, Store, TxHandle};
 use uuid::Uuid;
 
@@ -27,7 +28,9 @@ use super::book::order::Order;
 use super::book::storage::{OrderBook, OrderTx};
 use super::create_request::{draft_from_json, require_json};
 use super::cursor::CursorCodec;
+use super::lifecycle::Lifecycle;
 use super::limits::RequestLimits;
+use super::operations;
 use super::problem::ApiProblem;
 
 /// The operation name of order creation: the route's stable identity for the idempotency layer.
@@ -51,29 +54,41 @@ pub(crate) struct AppState {
     pub(crate) clock: Clock,
     /// The body deadline and the buffer budget of `POST /orders`.
     pub(crate) limits: RequestLimits,
+    /// How long answers replay and tombstones are kept.
+    pub(crate) lifecycle: Lifecycle,
 }
 
-/// The service: authentication on every route, idempotency on `POST /orders` only.
+/// The service: authentication on every route, idempotency on `POST /orders` only, and the
+/// status of the caller's operations (`GET /operations/{operation_id}`, from the same store).
 ///
 /// `idempotency_store` must be an atomic store on the same database as `state.orders`
 /// (a `SqliteStore` beside `OrderBook::Sqlite`, a `PostgresStore` beside
 /// `OrderBook::Postgres`): the create handler writes through its transaction.
 #[allow(dead_code, reason = "the in-process tests build the router with it; the binary uses app_with_rollout")]
-pub(crate) fn app<St: Store>(state: AppState, idempotency_store: St) -> Router {
+pub(crate) fn app<St: Store + Admin>(state: AppState, idempotency_store: St) -> Router {
     app_with_rollout(state, idempotency_store, RolloutSwitch::default())
 }
 
 /// [`app`], with the idempotency layer of `POST /orders` in the mode and cohort of `rollout`
 /// (see `rollout.rs`).
-pub(crate) fn app_with_rollout<St: Store>(state: AppState, idempotency_store: St, rollout: RolloutSwitch) -> Router {
-    let layer = IdempotencyLayer::new(idempotency_store).operation(CREATE_OPERATION).rollout(rollout);
-    let idempotency = state.limits.apply(layer);
+pub(crate) fn app_with_rollout<St: Store + Admin>(
+    state: AppState,
+    idempotency_store: St,
+    rollout: RolloutSwitch,
+) -> Router {
+    let operations = operations::routes(idempotency_store.clone());
+    let idempotency = IdempotencyLayer::new(idempotency_store)
+        .operation(CREATE_OPERATION)
+        .retention(state.lifecycle.retention())
+        .rollout(rollout);
+    let idempotency = state.limits.apply(idempotency);
     // `layer` on a method router wraps only the handlers added before it: POST is guarded,
     // the GET added afterwards is not.
     let orders = post(create_order).layer(idempotency).get(list_orders);
     Router::new()
         .route("/orders", orders)
         .route("/orders/{order_id}", get(get_order))
+        .merge(operations)
         // Router-wide layers run before the route's own, so an unauthenticated request never
         // reaches the idempotency layer and nothing is stored for it.
         .layer(middleware::from_fn(authenticate))
@@ -106,6 +121,7 @@ async fn create_order(
     // the answer in the same transaction and commits the order and the answer together. If
     // the database fails instead, the 503 is released: the layer rolls the transaction back,
     // and the client's retry with the same key executes afresh.
+    super::events::order_created(&state.orders, &transaction, context.as_ref(), &order).await?;
     transaction.insert(&order).await.map_err(ApiProblem::create_failed)?;
     let location = HeaderValue::try_from(order.location()).map_err(|_| ApiProblem::internal())?;
     Ok((StatusCode::CREATED, [(LOCATION, location)], Json(order)).into_response())

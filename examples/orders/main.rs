@@ -66,8 +66,8 @@
 //! features; the second needs the `postgres` feature.
 //!
 //! It prints `listening on 127.0.0.1:3000` once bound (then `admin listening on
-//! 127.0.0.1:3001` for the operator listener), and stops cleanly on Ctrl-C or
-//! SIGTERM. Environment:
+//! 127.0.0.1:3001` for the operator listener), and stops cleanly on Ctrl-C or SIGTERM
+//! (in-flight requests finish, the recovery worker stops, then the pools close). Environment:
 //!
 //! - `DATABASE_URL`: where orders and idempotency records live (see *Storage*).
 //! - `ORDERS_ADDR`: the address to bind (default `127.0.0.1:3000`; port `0` picks a free one).
@@ -84,7 +84,7 @@
 //!   `idempotent-replayed`. See `rollout.rs`.
 //! - `ORDERS_AUDIT_SECS` (default 60; fractions allowed): how often the audit behind
 //!   `orders_duplicate_effects` runs. `GET /metrics` on the operator listener (no token) shows it,
-//!   and the layer's metrics in a build with the `metrics` feature
+//!   and the layer's and the recovery workers' metrics in a build with the `metrics` feature
 //!   (`cargo run --features metrics --example orders`). See `telemetry.rs`.
 //! - `ORDERS_CURSOR_SECRET`: the key that signs pagination cursors, at least 16 bytes. Unset:
 //!   a random key per process (cursors then stop working after a restart).
@@ -101,6 +101,26 @@
 //!   before it is read with 503 `idempotency_buffer_budget_exhausted` and `Retry-After: 1`. A
 //!   body is charged its `Content-Length`; one without is charged as it arrives (and refused
 //!   the same way when the budget cannot take its next chunk).
+//! - `ORDERS_RETENTION_SECS` (default 86400, one day): how long an answer replays.
+//! - `ORDERS_TOMBSTONE_SECS` (default 604800, seven days): how long after that a retry with
+//!   the same key gets 422 `idempotency_key_expired` (instead of executing again); then the key
+//!   is forgotten.
+//! - `ORDERS_JANITOR_SECS` (default 60): how often the recovery worker runs (stale leases,
+//!   reconciliation, purge of what is past its retention; see `recovery.rs`).
+//!
+//!   These three are seconds, fractions allowed (`0.5`), greater than zero and at most ten
+//!   years; anything else stops the start (see `lifecycle.rs`).
+//! - `PSP_URL` (`http://127.0.0.1:3100`): the payment provider (`cargo run --example psp`);
+//!   unset, the payment routes answer 503 `payments_unavailable`. `ORDERS_PSP_TIMEOUT_MS`
+//!   (default 2000) bounds one provider call, `ORDERS_RECONCILE_SECS` (default 5) is how often
+//!   unknown payments are reconciled, `ORDERS_LEASE_SECS` (default 30) is the payment route's
+//!   lease, and `ORDERS_PSP_IDEMPOTENT` (default `true`) says whether the provider honours keys
+//!   and has a lookup. See `payments/mod.rs`.
+//!
+//! - `ORDERS_WEBHOOK_URL` and `ORDERS_WEBHOOK_SECRET` (in a build with the `outbox` feature):
+//!   every order's `order.created` event, written to the outbox in the create transaction, is
+//!   delivered there as a signed Standard Webhook; the secret (`whsec_…`) is required when the URL
+//!   is set. `GET /admin/outbox/counts` on the operator listener. See `events.rs`.
 //!
 //! It speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, with limits on what
 //! one connection can hold: 32 concurrent streams, 16 KiB of headers, 30 s for an HTTP/1.1
@@ -183,6 +203,12 @@
 //!   request created the order, and is derived one-way (it reveals neither key nor account).
 //! - **`GET /orders/{order_id}`**: the order if it belongs to the caller. Another account's
 //!   order, an unknown id and a malformed id all answer the same 404 `order_not_found`.
+//! - **`GET /operations/{operation_id}`**: what became of one of the caller's idempotent
+//!   requests, by its operation id (an order's `idempotency_operation_id`): 200
+//!   `{"operation_id", "state", "status", "location"}`, `state` one of `processing`,
+//!   `succeeded`, `failed`, `unknown`, `expired`, `status` and `location` those of the stored
+//!   answer (or null). Another account's operation, an unknown id and a malformed id all
+//!   answer the same 404 `operation_not_found`.
 //! - **`GET /orders?limit=&cursor=`**: `{"orders": [...], "next_cursor": string | null}`,
 //!   newest first by `(created_at, order_id)` descending. `limit` is 1 to 100 (default 20);
 //!   anything else is 400 `invalid_limit`. `cursor` is the previous page's `next_cursor`;
@@ -190,6 +216,21 @@
 //!   400 `invalid_cursor`. `next_cursor` is null on the last page. Unknown query
 //!   parameters are ignored; a query that cannot be read (a repeated `limit`, say) is 400
 //!   `invalid_query`.
+//!
+//! **Retention**: an answer replays for `ORDERS_RETENTION_SECS` (a day by default); for
+//! `ORDERS_TOMBSTONE_SECS` after that (seven days) a retry gets 422 `idempotency_key_expired`
+//! and is not executed; after both the key is new again. README.md says the same for clients.
+//!
+//! **Payments**: `POST /orders/{order_id}/payments` (`Idempotency-Key` required, body `{}`),
+//! `GET /orders/{order_id}/payments` and `GET /orders/{order_id}/payments/{payment_id}`, and the
+//! operator's `POST /admin/payments/{payment_id}/settle`: the answers and the attempt's states
+//! are in `payments/mod.rs`.
+//!
+//! **Operator routes**, on the operator listener behind `ORDERS_ADMIN_TOKEN` (see
+//! `operator.rs` for the answers): `GET` and `DELETE /admin/idempotency/record`, `POST
+//! /admin/idempotency/record/settle` (the record named by `account`, `operation` and `key`
+//! query parameters), `GET /admin/idempotency/unknown?limit=N` and `GET
+//! /admin/idempotency/counts`.
 //!
 //! The cursor is `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))` where the
 //! payload is JSON `{"v":1,"created_at":<unix microseconds>,"order_id":"…","account":"…"}`
@@ -203,17 +244,25 @@
 //! - `admin`: the operator listener and its token;
 //! - `rollout`: the idempotency layer's mode and cohort, and their operator routes;
 //! - `telemetry`: `GET /metrics` and the duplicate-effects audit;
+//! - `operator` and `operator_request`: the operator routes of the idempotency records, and
+//!   what they read from a request;
+//! - `operations`: `GET /operations/{operation_id}`;
+//! - `lifecycle` and `recovery`: retention from the environment, and the recovery worker;
+//! - `payments`: payments through a provider (a leased route, the `payment_attempts` table, its
+//!   reconciler and operator route);
+//! - `drill`: the crash drill, a leased route the crash test turns on (`ORDERS_CRASH_DRILL`;
+//!   not part of the interface);
 //! - `auth`: `Authorization: Bearer <account>` becomes the account and the idempotency scope;
 //! - `api`: the routes (idempotency on `POST /orders` only) and their handlers;
 //! - `create_request`: the body of `POST /orders`, read strictly;
 //! - `cursor`: the signed pagination cursors;
+//! - `events`: `order.created` in the outbox, the webhook relay, the outbox counts;
 //! - `problem`: every error answer;
 //! - `book`: the orders, their rules and their table, shared with the gRPC example;
 //! - `limits`: the body deadline and the buffer budget, from the environment;
 //! - `startup`, `serve` and `shutdown`: opening the database, serving HTTP/1.1 and HTTP/2 with
 //!   limits, and stopping cleanly.
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -225,8 +274,16 @@ mod auth;
 mod book;
 mod create_request;
 mod cursor;
+mod drill;
+mod events;
+mod lifecycle;
 mod limits;
+mod operations;
+mod operator;
+mod operator_request;
+mod payments;
 mod problem;
+mod recovery;
 mod rollout;
 mod serve;
 mod shutdown;
@@ -236,8 +293,10 @@ mod telemetry;
 use admin::{AdminToken, DEFAULT_ADMIN_ADDR};
 use book::created_at::CreatedAt;
 use cursor::CursorCodec;
+use lifecycle::Lifecycle;
 use limits::RequestLimits;
 use shutdown::shutdown_signal;
+use startup::Settings;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -257,18 +316,26 @@ async fn serve() -> Result<(), BoxError> {
     let address = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let admin_address = std::env::var("ORDERS_ADMIN_ADDR").unwrap_or_else(|_| DEFAULT_ADMIN_ADDR.to_owned());
     let admin_token = AdminToken::from_env()?;
-    let cursors = CursorCodec::from_env()?;
-    let limits = RequestLimits::from_env()?;
+    let settings = Settings {
+        cursors: CursorCodec::from_env()?,
+        limits: RequestLimits::from_env()?,
+        lifecycle: Lifecycle::from_env()?,
+        drill: drill::mode_from_env()?,
+        clock: Arc::new(CreatedAt::now),
+        payments: payments::PaymentSettings::from_env()?,
+        rollout: rollout::switch_from_env()?,
+    };
     let audit_every = telemetry::audit_interval_from_env()?;
+    let janitor_every = settings.lifecycle.janitor_every;
     let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
-    // Before anything emits: the layer's handles and the audit's gauge bind to this recorder.
+    // Before anything emits: the layer's handles, the recovery workers' metrics and the audit's
+    // gauge bind to this recorder.
     let metrics = telemetry::install()?;
-    let opened = startup::open(database_url.as_deref(), cursors, limits, Arc::new(CreatedAt::now)).await?;
+    let opened = startup::open(database_url.as_deref(), settings).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     let admin_listener = tokio::net::TcpListener::bind(&admin_address).await?;
-    println!("listening on {}", listener.local_addr()?);
-    // A reader that stops after the first line (some tests do) must not make this one fail.
-    let _ = writeln!(std::io::stdout(), "admin listening on {}", admin_listener.local_addr()?);
+    announce(&format!("listening on {}", listener.local_addr()?));
+    announce(&format!("admin listening on {}", admin_listener.local_addr()?));
 
     // One signal stops both listeners.
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -281,14 +348,30 @@ async fn serve() -> Result<(), BoxError> {
     };
     telemetry::spawn_audit(opened.orders.clone(), audit_every);
     let admin_router = opened.admin.merge(telemetry::routes(metrics)).into_router(admin_token);
-    let (api, admin) = tokio::join!(
+    let payments_recovery = async {
+        if let Some((worker, every)) = opened.payments {
+            worker.run(every, until_stopped(stopped.clone())).await;
+        }
+    };
+    let (api, admin, (), ()) = tokio::join!(
         serve::serve(listener, opened.api, until_stopped(stopped.clone())),
-        serve::serve(admin_listener, admin_router, until_stopped(stopped)),
+        serve::serve(admin_listener, admin_router, until_stopped(stopped.clone())),
+        opened.recovery.run(janitor_every, until_stopped(stopped.clone())),
+        payments_recovery,
     );
     api?;
     admin?;
-    // In-flight requests have finished (their transactions are committed or rolled back):
-    // close the database connections.
+    // In-flight requests have finished (their transactions are committed or rolled back), and
+    // the recovery worker has stopped: close the database connections.
     opened.orders.close().await;
     Ok(())
+}
+
+/// Writes one line to stdout and flushes it. A stdout nobody reads any more (a supervisor that
+/// read the first line and closed the pipe) is not a reason to stop serving, so a failed write
+/// is ignored, where `println!` would panic.
+fn announce(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }

@@ -30,7 +30,7 @@ struct ProblemDocument<'a> {
 }
 
 impl ApiProblem {
-    fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
         Self { status, code, title, detail: detail.into() }
     }
 
@@ -62,6 +62,59 @@ impl ApiProblem {
     /// 404 on the operator listener: no such route (or the operator routes are off).
     pub(crate) fn admin_not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", "Not found", "no such route on the operator listener")
+    }
+
+    /// 404 on `GET /operations/{operation_id}`: no such operation for this account (another
+    /// account's, an unknown id and a malformed id are the same answer).
+    pub(crate) fn operation_not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "operation_not_found",
+            "Operation not found",
+            "no operation with this id for this account",
+        )
+    }
+
+    /// 404 on the operator routes: no idempotency record for this account, operation and key.
+    pub(crate) fn record_not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "record_not_found",
+            "Record not found",
+            "no idempotency record for this account, operation and key",
+        )
+    }
+
+    /// 409 on `POST /admin/idempotency/record/settle`: only an `unknown` record can be settled.
+    pub(crate) fn record_not_unknown(state: &str) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "record_not_unknown",
+            "Record is not unknown",
+            format!("only an unknown record can be settled by hand; this one is {state}"),
+        )
+    }
+
+    /// 422 on `POST /admin/idempotency/record/settle`: the settlement breaks a rule.
+    pub(crate) fn invalid_settlement(detail: String) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settlement", "The settlement is not valid", detail)
+    }
+
+    /// 415 on an operator route that takes a body: the body is not declared as JSON.
+    pub(crate) fn json_required() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "Unsupported media type",
+            "send the body as `content-type: application/json`",
+        )
+    }
+
+    /// 503 on the operator routes and `GET /operations/{operation_id}`: the idempotency store
+    /// could not answer; nothing changed. The cause goes to stderr.
+    pub(crate) fn records_unavailable(error: &dyn std::fmt::Display) -> Self {
+        eprintln!("orders: idempotency store unavailable: {error}");
+        Self::storage_unavailable("the idempotency records could not be read or changed; try again")
     }
 
     /// 400: `limit` is out of range or not a number.
@@ -118,6 +171,12 @@ impl ApiProblem {
                 Self::internal()
             }
         }
+    }
+
+    /// The problem+json body of this answer (for answers stored without going through a
+    /// response, such as a reconciler's).
+    pub(crate) fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.document()).unwrap_or_default()
     }
 
     fn document(&self) -> ProblemDocument<'_> {

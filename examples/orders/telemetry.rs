@@ -1,6 +1,8 @@
 //! `GET /metrics` on the operator listener, in the Prometheus text format, with no
-//! authentication: the idempotency layer's metrics (in a build with the crate's `metrics`
-//! feature; the table is in the crate's `telemetry` module docs) and the service's own:
+//! authentication: the idempotency layer's metrics and its recovery workers'
+//! (`idempotency_recovery_total`, `idempotency_records`, `idempotency_oldest_unknown_seconds`),
+//! in a build with the crate's `metrics` feature (the table is in the crate's `telemetry` module
+//! docs), and the service's own:
 //!
 //! | metric | kind | what |
 //! |---|---|---|

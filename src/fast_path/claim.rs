@@ -57,13 +57,25 @@ impl<C: Claim> Claim for FastPathClaim<C> {
         self.inner.fencing_token()
     }
 
+    fn renew(
+        &self,
+        lease: std::time::Duration,
+    ) -> impl std::future::Future<Output = Result<crate::store::Renewal, crate::store::StoreError>> + Send + 'static
+    {
+        // The Redis lock is not extended: it only keeps duplicates off the database for a while
+        // (module docs), and the durable lease is what fences.
+        self.inner.renew(lease)
+    }
+
     async fn finish(self, outcome: Outcome) -> Result<(), FinishError> {
         let FastPathClaim { inner, guard } = self;
         let retention = guard.retention;
         let state = match &outcome {
             Outcome::Complete(response) => Some((RecordState::Completed, response)),
             Outcome::Reject(response) => Some((RecordState::Failed, response)),
-            Outcome::Release => None,
+            // An unknown outcome is never cached: retries must reach the store, which answers
+            // `unknown` until the record is settled.
+            Outcome::Release | Outcome::Unknown(_) => None,
         };
         let payload = match (&guard.keying, state) {
             (Some(_), Some((state, response))) => Some(codec::encode_payload(state, &guard.fingerprint, response)),

@@ -99,6 +99,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod begin;
 mod claim;
 pub(crate) mod codec;

@@ -1,4 +1,4 @@
-//! The two Lua scripts the fast path runs, the keys they work on, and how their replies are
+//! The Lua scripts the fast path runs, the keys they work on, and how their replies are
 //! read. Each call is one round trip, bounded by a timeout.
 
 use std::sync::LazyLock;
@@ -38,7 +38,15 @@ if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL'
 return cached
 ";
 
+/// Forgets the cached response of a record that changed underneath it (settled, evicted).
+///
+/// `KEYS[1]`: the cached response. Returns how many keys were deleted.
+const FORGET_LUA: &str = r"
+return redis.call('DEL', KEYS[1])
+";
+
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(FORGET_LUA));
 static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(SETTLE_LUA));
 
 /// The Redis keys of one identity in one deployment's namespace: the identity's digest in a hash
@@ -128,6 +136,14 @@ pub(super) async fn settle(
     invocation.key(&keys.cache).key(&keys.lock).arg(lock.unwrap_or_default()).arg(value).arg(millis(ttl));
     let cached: i64 = invoke(redis, &invocation, timeout).await?;
     Ok(cached == 1)
+}
+
+/// Runs the forget script: deletes the cached response of `keys`.
+pub(super) async fn forget(redis: &RedisConnection, keys: &Keys, timeout: Duration) -> Result<(), Failure> {
+    let mut invocation = FORGET.prepare_invoke();
+    invocation.key(&keys.cache);
+    let _deleted: i64 = invoke(redis, &invocation, timeout).await?;
+    Ok(())
 }
 
 /// One script call, bounded by `timeout`.

@@ -96,6 +96,50 @@ pub fn is_rejection(status: &Status) -> bool {
     false
 }
 
+/// Marks a handler's error status as an outcome it does not know (a downstream call that timed
+/// out after it was sent): the record becomes `unknown`, the status still reaches the client,
+/// and retries get `ABORTED` (`idempotency_outcome_unknown`) until the record is settled. In
+/// atomic mode the handler's writes commit with the `unknown` record.
+///
+/// The mark travels as the status's source, as [`reject`]'s does (and replaces it).
+///
+/// ```
+/// use tonic::Status;
+/// use tower_idempotency::grpc::{is_outcome_unknown, outcome_unknown};
+///
+/// let unsure = outcome_unknown(Status::deadline_exceeded("the provider did not answer"));
+/// assert!(is_outcome_unknown(&unsure));
+/// assert!(!is_outcome_unknown(&Status::unavailable("try again")));
+/// ```
+pub fn outcome_unknown(mut status: Status) -> Status {
+    status.set_source(Arc::new(UnknownMark));
+    status
+}
+
+/// Whether `status` was marked with [`outcome_unknown`].
+pub fn is_outcome_unknown(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<UnknownMark>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// The mark [`outcome_unknown`] puts on a status.
+#[derive(Debug)]
+struct UnknownMark;
+
+impl fmt::Display for UnknownMark {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the handler told the idempotency layer that this outcome is unknown")
+    }
+}
+
+impl std::error::Error for UnknownMark {}
+
 /// The mark [`reject`] puts on a status.
 #[derive(Debug)]
 struct RejectionMark;
@@ -129,10 +173,13 @@ impl GrpcRules {
     /// The class of an answer the handler did not mark: from the `grpc-status` of a
     /// trailers-only head, or else from the trailers.
     pub(crate) fn classify(&self, parts: &http::response::Parts) -> Classified {
-        let rule = ClassifyTrailers {
-            rejected: parts.extensions.get::<Status>().is_some_and(is_rejection),
-            classifier: self.classifier.clone(),
+        let status = parts.extensions.get::<Status>();
+        let marked = match status {
+            Some(status) if is_rejection(status) => Some(OutcomeClass::Reject),
+            Some(status) if is_outcome_unknown(status) => Some(OutcomeClass::Unknown),
+            _ => None,
         };
+        let rule = ClassifyTrailers { marked, classifier: self.classifier.clone() };
         match grpc_status(&parts.headers) {
             Some(code) => Classified::Ready(rule.classify_code(code)),
             None => Classified::RequiresTrailers(rule),
@@ -149,8 +196,8 @@ impl GrpcRules {
 
 /// The classification of a gRPC answer whose head has no status: its trailers decide.
 pub(crate) struct ClassifyTrailers {
-    /// The answer's status was marked with [`reject`].
-    rejected: bool,
+    /// The answer's status was marked with [`reject`] or [`outcome_unknown`].
+    marked: Option<OutcomeClass>,
     /// The route's own rule.
     classifier: Option<GrpcClassifier>,
 }
@@ -164,8 +211,8 @@ impl ClassifyTrailers {
     /// A [`reject`] mark on the answer's status, else the route's rule, else the default:
     /// `OK` completes, everything else releases.
     fn classify_code(&self, code: Code) -> OutcomeClass {
-        if self.rejected {
-            return OutcomeClass::Reject;
+        if let Some(class) = self.marked {
+            return class;
         }
         match &self.classifier {
             Some(rule) => rule(code),
@@ -278,6 +325,14 @@ mod tests {
         let head = parts(&[("grpc-status", "13")]);
         assert_eq!(head.status, http::StatusCode::OK);
         assert_eq!(classify_head(&head, None), Some(OutcomeClass::Release));
+    }
+
+    #[test]
+    fn a_status_marked_unknown_makes_the_record_unknown() {
+        let marked = outcome_unknown(Status::deadline_exceeded("no answer")).into_http::<()>().into_parts().0;
+        assert_eq!(classify_head(&marked, None), Some(OutcomeClass::Unknown));
+        let plain = Status::deadline_exceeded("no answer").into_http::<()>().into_parts().0;
+        assert_eq!(classify_head(&plain, None), Some(OutcomeClass::Release));
     }
 
     #[test]

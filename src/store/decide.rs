@@ -19,7 +19,7 @@ pub(crate) struct Found {
     pub(crate) fingerprint: Fingerprint,
     /// How long a `processing` record's lease has left (zero: run out).
     pub(crate) lease_left: Duration,
-    /// Whether a `completed` or `failed` record's response is past its retention.
+    /// Whether the record is past its retention (its response's, or an unsettled record's).
     pub(crate) response_expired: bool,
     /// Whether the record is past its tombstone time, as good as absent.
     pub(crate) forgotten: bool,
@@ -50,8 +50,8 @@ pub(crate) fn decide(found: &Found, fingerprint: &Fingerprint, policy: StaleLeas
     if found.forgotten {
         return Decision::Claim;
     }
-    let response_gone = matches!(found.state, RecordState::Completed | RecordState::Failed) && found.response_expired;
-    if found.state == RecordState::Expired || response_gone {
+    // Every state has a retention: a record past it is a tombstone, whatever it was.
+    if found.state == RecordState::Expired || found.response_expired {
         return Decision::Answer(RecordState::Expired);
     }
     if found.fingerprint != *fingerprint || found.state != RecordState::Processing {
@@ -74,6 +74,7 @@ pub(crate) fn stored_outcome(outcome: Outcome) -> Option<(RecordState, StoredRes
         Outcome::Release => None,
         Outcome::Complete(response) => Some((COMPLETED, response)),
         Outcome::Reject(response) => Some((FAILED, response)),
+        Outcome::Unknown(response) => Some((ABANDONED, response)),
     }
 }
 
@@ -95,10 +96,12 @@ pub(crate) const ABANDONED: RecordState = {
     RecordState::Unknown
 };
 
-/// The state a record past its response retention moves to, checked against the state machine.
+/// The state a record past its retention moves to, checked against the state machine.
 pub(crate) const EXPIRED: RecordState = {
     assert!(RecordState::Completed.can_become(RecordState::Expired));
     assert!(RecordState::Failed.can_become(RecordState::Expired));
+    assert!(RecordState::Processing.can_become(RecordState::Expired));
+    assert!(RecordState::Unknown.can_become(RecordState::Expired));
     RecordState::Expired
 };
 
@@ -133,6 +136,14 @@ mod tests {
         let expired = Found { response_expired: true, ..found(Completed, OTHER) };
         assert_eq!(decide(&expired, &MINE, MarkUnknown), Decision::Answer(Expired));
         assert_eq!(decide(&found(Expired, MINE), &MINE, Reexecute), Decision::Answer(Expired));
+    }
+
+    #[test]
+    fn unsettled_records_expire_too() {
+        for state in [Processing, Unknown] {
+            let past = Found { response_expired: true, lease_left: Duration::from_secs(1), ..found(state, MINE) };
+            assert_eq!(decide(&past, &MINE, MarkUnknown), Decision::Answer(Expired), "{state:?}");
+        }
     }
 
     #[test]

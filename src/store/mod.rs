@@ -25,6 +25,7 @@
 //! # });
 //! ```
 
+pub mod admin;
 mod decide;
 pub mod memory;
 mod plain;
@@ -44,8 +45,10 @@ use std::time::Duration;
 pub use self::plain::PlainTransaction;
 
 use crate::fingerprint::Fingerprint;
-use crate::key::RecordId;
+use crate::key::{RecordId, Scope};
 use crate::record::{Record, StoredResponse};
+
+pub use admin::{Admin, Backoff, LeaseSweep, RecordInfo, SettleError, SettleRequest, Settlement, StateCounts};
 
 /// What to do with a `processing` record whose lease has expired (its holder died).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -72,19 +75,44 @@ pub enum CouplingMode {
     Leased,
 }
 
-/// How long a finished record is kept.
+/// How long a record is kept, in every state ([contract §8](crate::contract#8-retention)).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::Retention;
+/// let retention = Retention { response: Duration::from_secs(3600), ..Retention::default() };
+/// assert_eq!(retention.unsettled, Duration::from_secs(30 * 24 * 3600));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// How long the stored response is replayed after completion (default 24 h).
     pub response: Duration,
-    /// How long the tombstone is kept after the response is dropped (default 7 days), so a
-    /// late retry gets `idempotency_key_expired` instead of a second execution.
+    /// How long the tombstone is kept after the record expires (default 7 days), so a late
+    /// retry gets `idempotency_key_expired` instead of a second execution.
     pub tombstone: Duration,
+    /// How long an unsettled record (`processing` or `unknown`) is kept before it expires into
+    /// a tombstone like any other (default 30 days), counted from its claim (or from the moment
+    /// its handler marked its outcome unknown). No key is locked forever: after it a retry gets
+    /// `idempotency_key_expired`, and after the tombstone time the key is free again.
+    pub unsettled: Duration,
 }
 
 impl Default for Retention {
     fn default() -> Self {
-        Self { response: Duration::from_secs(24 * 3600), tombstone: Duration::from_secs(7 * 24 * 3600) }
+        Self {
+            response: Duration::from_secs(24 * 3600),
+            tombstone: Duration::from_secs(7 * 24 * 3600),
+            unsettled: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+impl Retention {
+    /// How long a record in `state` keeps answering as it does, from when it reached that
+    /// state: the response retention for a finished record, the unsettled one otherwise.
+    pub(crate) fn live_for(&self, state: crate::record::RecordState) -> Duration {
+        use crate::record::RecordState::{Completed, Failed};
+        if matches!(state, Completed | Failed) { self.response } else { self.unsettled }
     }
 }
 
@@ -102,8 +130,14 @@ pub struct BeginRequest<'a> {
     pub lease: Duration,
     /// What to do with an expired lease.
     pub stale_lease: StaleLeasePolicy,
-    /// How long the finished record is kept.
+    /// How long the record is kept.
     pub retention: Retention,
+    /// The scope the identity was made with, if the caller gives it: stored as a digest so
+    /// that [`Admin::inspect_operation`] answers only the scope's own operations.
+    pub scope: Option<&'a Scope>,
+    /// The operation (route identity) the identity was made with, if the caller gives it:
+    /// stored in clear (a route name, never a key) so that reconcilers are found per operation.
+    pub operation: Option<&'a str>,
 }
 
 impl<'a> BeginRequest<'a> {
@@ -116,7 +150,18 @@ impl<'a> BeginRequest<'a> {
             lease: Duration::from_secs(30),
             stale_lease: StaleLeasePolicy::default(),
             retention: Retention::default(),
+            scope: None,
+            operation: None,
         }
+    }
+
+    /// Names the scope and operation the identity was made with (the layer always does), so
+    /// the record can be found by its operation id within its scope and reconciled per
+    /// operation.
+    pub fn labels(mut self, scope: &'a Scope, operation: &'a str) -> Self {
+        self.scope = Some(scope);
+        self.operation = Some(operation);
+        self
     }
 
     /// Sets the bounded wait for an in-flight duplicate.
@@ -169,6 +214,24 @@ pub enum Outcome {
     Reject(StoredResponse),
     /// Roll back and store nothing: the next retry executes afresh.
     Release,
+    /// The handler knows its own outcome is unknown (a downstream call timed out after it was
+    /// sent): the record becomes `unknown` (never `completed`), keeping this response for
+    /// operators, and retries get `idempotency_outcome_unknown` until it is settled
+    /// ([`Admin::settle`], a reconciler). In atomic mode the business write commits with it.
+    Unknown(StoredResponse),
+}
+
+/// What renewing a lease found ([`Claim::renew`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Renewal {
+    /// The lease now runs for the requested time from the renewal.
+    Renewed,
+    /// The claim no longer holds the record (its lease was taken over, or the record moved on
+    /// or was evicted): the outcome cannot be stored.
+    Lost,
+    /// The claim holds no lease to renew (an atomic claim, fenced by its transaction).
+    NotLeased,
 }
 
 /// A store could not answer.
@@ -269,6 +332,19 @@ pub trait Claim: Send + 'static {
 
     /// Settles the claim. In atomic mode this stores the response and COMMITs (or rolls back).
     fn finish(self, outcome: Outcome) -> impl Future<Output = Result<(), FinishError>> + Send;
+
+    /// Extends a leased claim's lease to `lease` from now, fenced by its token and checked
+    /// against its state: the layer's heartbeat calls it at a fraction of the lease while the
+    /// handler runs. The future owns what it needs (it borrows nothing from the claim), so the
+    /// heartbeat runs beside the handler.
+    ///
+    /// The default answers [`Renewal::NotLeased`], which is right for claims without a lease
+    /// (atomic ones); a store with leased claims overrides it, or its handlers lose their claim
+    /// when they outlive the lease.
+    fn renew(&self, lease: Duration) -> impl Future<Output = Result<Renewal, StoreError>> + Send + 'static {
+        let _ = lease;
+        std::future::ready(Ok(Renewal::NotLeased))
+    }
 }
 
 /// The handle of a store that hands nothing to the handler.

@@ -24,7 +24,7 @@ use tower_service::Service;
 use crate::IdempotencyLayer;
 use crate::key::Scope;
 use crate::outcome::OutcomeClass;
-use crate::store::Store;
+use crate::store::{Retention, Store};
 
 /// The reference application. Routes (any method):
 ///
@@ -32,7 +32,11 @@ use crate::store::Store;
 ///   never be replayed (`Set-Cookie`, `X-Internal`);
 /// - `/reject`: 402 marked [`OutcomeClass::Reject`] (a business rejection to store);
 /// - `/fail`: 500 (released by the default rule);
-/// - `/slow`: 201 once [`TestApp::open_gate`] lets it through.
+/// - `/slow`: 201 once [`TestApp::open_gate`] lets it through;
+/// - `/unknown`: 504 marked [`OutcomeClass::Unknown`] (a downstream call that timed out after it
+///   was sent);
+/// - `/large`: 201 with a 64 KiB body;
+/// - `/sleep?ms=N`: 201 after sleeping `N` milliseconds.
 #[derive(Clone, Default)]
 pub struct TestApp {
     executions: Arc<Mutex<HashMap<String, usize>>>,
@@ -98,6 +102,10 @@ impl TestApp {
                 permit.forget();
             }
         }
+        if path == "/sleep" {
+            let ms = request.uri().query().and_then(|q| q.strip_prefix("ms=")).and_then(|ms| ms.parse().ok());
+            tokio::time::sleep(Duration::from_millis(ms.unwrap_or(0))).await;
+        }
         let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let execution = self.record(&path);
         let json = format!("{{\"execution\":{execution},\"path\":\"{path}\",\"request_bytes\":{}}}", body.len());
@@ -110,6 +118,14 @@ impl TestApp {
                 response.extensions_mut().insert(OutcomeClass::Reject);
             }
             "/fail" => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+            "/unknown" => {
+                *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+                response.extensions_mut().insert(OutcomeClass::Unknown);
+            }
+            "/large" => {
+                *response.status_mut() = StatusCode::CREATED;
+                *response.body_mut() = Full::new(Bytes::from(vec![b'x'; 64 * 1024]));
+            }
             _ => {
                 *response.status_mut() = StatusCode::CREATED;
                 let headers = response.headers_mut();
@@ -148,21 +164,49 @@ pub struct Settings {
     pub in_flight_wait: Duration,
     /// The request body limit.
     pub max_request_body: usize,
+    /// The retention, if the case needs its own.
+    pub retention: Option<Retention>,
+    /// The lease of a leased claim, if the case needs its own.
+    pub lease: Option<Duration>,
+    /// The stored response's limit, if the case needs its own.
+    pub max_response_body: Option<usize>,
+    /// The status of a reused key, if the case needs its own.
+    pub mismatch_status: Option<StatusCode>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { in_flight_wait: Duration::from_secs(10), max_request_body: 64 * 1024 }
+        Self {
+            in_flight_wait: Duration::from_secs(10),
+            max_request_body: 64 * 1024,
+            retention: None,
+            lease: None,
+            max_response_body: None,
+            mismatch_status: None,
+        }
     }
 }
 
 impl Settings {
     /// Applies these settings to a layer (and makes it read the scope from the extension).
     pub fn apply<St: Store>(&self, layer: IdempotencyLayer<St>) -> IdempotencyLayer<St> {
-        layer
+        let mut layer = layer
             .scope_with(|parts| parts.extensions.get::<Scope>().cloned())
             .in_flight_wait(self.in_flight_wait)
-            .max_request_body(self.max_request_body)
+            .max_request_body(self.max_request_body);
+        if let Some(retention) = self.retention {
+            layer = layer.retention(retention);
+        }
+        if let Some(lease) = self.lease {
+            layer = layer.lease(lease);
+        }
+        if let Some(limit) = self.max_response_body {
+            layer = layer.max_response_body(limit);
+        }
+        if let Some(status) = self.mismatch_status {
+            layer = layer.mismatch_status(status);
+        }
+        layer
     }
 }
 
@@ -662,5 +706,84 @@ case! {
                 assert_problem(answer, 409, "idempotency_request_in_flight");
             }
         }
+    }
+}
+
+case! {
+    /// A retry after the key's retention gets 422 `idempotency_key_expired` (the tombstone), not
+    /// a second execution.
+    key_past_its_retention_is_expired(harness) {
+        let retention = Retention { response: Duration::from_millis(300), tombstone: Duration::from_secs(60), ..Retention::default() };
+        let (app, client) = harness.build(Settings { retention: Some(retention), ..Settings::default() });
+        let call = Call::post("/create", &unique_key("expired"));
+        assert_eq!(client.send(&call).await.status, StatusCode::CREATED);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let late = client.send(&call).await;
+        assert_problem(&late, 422, "idempotency_key_expired");
+        assert_eq!(app.executions("/create"), 1, "an expired key never executes again");
+    }
+}
+
+case! {
+    /// A handler that marks its outcome unknown still answers its client; retries get 409
+    /// `idempotency_outcome_unknown` with `Retry-After`, and the handler does not run again.
+    unknown_outcome_is_answered_then_refused(harness) {
+        let (app, client) = harness.build(Settings::default());
+        let call = Call::post("/unknown", &unique_key("unknown"));
+        let first = client.send(&call).await;
+        assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT, "the handler's own answer reaches the client");
+        assert!(!first.replayed());
+        let retry = client.send(&call).await;
+        assert_problem(&retry, 409, "idempotency_outcome_unknown");
+        assert!(retry.headers.contains_key(header::RETRY_AFTER), "{retry:?}");
+        assert_eq!(app.executions("/unknown"), 1);
+    }
+}
+
+case! {
+    /// A response too large to store is refused with 500 `idempotency_response_too_large`;
+    /// nothing was kept, so the retry executes again (and is refused the same way).
+    response_too_large_to_store_is_500(harness) {
+        let (app, client) = harness.build(Settings { max_response_body: Some(1024), ..Settings::default() });
+        let call = Call::post("/large", &unique_key("large"));
+        assert_problem(&client.send(&call).await, 500, "idempotency_response_too_large");
+        assert_problem(&client.send(&call).await, 500, "idempotency_response_too_large");
+        assert_eq!(app.executions("/large"), 2, "nothing was stored: the retry executed afresh");
+    }
+}
+
+case! {
+    /// `mismatch_status(409)` answers a reused key with 409 instead of 422.
+    mismatch_status_409_is_honoured(harness) {
+        let (app, client) = harness.build(Settings { mismatch_status: Some(StatusCode::CONFLICT), ..Settings::default() });
+        let key = unique_key("mismatch-409");
+        client.send(&Call::post("/create", &key)).await;
+        let other = client.send(&Call::post("/create", &key).body(&b"{\"sku\":\"B-2\"}"[..])).await;
+        assert_problem(&other, 409, "idempotency_key_reused");
+        assert_eq!(app.executions("/create"), 1);
+    }
+}
+
+case! {
+    /// A leased handler that runs three lease lengths keeps its claim (the heartbeat renews
+    /// it): a duplicate sent after two lease lengths waits for it instead of finding a dead
+    /// lease, the first request completes, and the duplicate replays its answer.
+    long_handler_keeps_its_lease_and_replays(harness) {
+        let lease = Duration::from_millis(300);
+        let (app, client) = harness.build(Settings { lease: Some(lease), ..Settings::default() });
+        let call = Call::post("/sleep?ms=900", &unique_key("heartbeat"));
+        let first = tokio::spawn({
+            let (client, call) = (client.clone(), call.clone());
+            async move { client.send(&call).await }
+        });
+        tokio::time::sleep(lease * 2).await;
+        let duplicate = client.send(&call).await;
+        let first = first.await.expect("the first request");
+        assert_eq!(first.status, StatusCode::CREATED, "the handler's claim was never lost: {first:?}");
+        assert!(!first.replayed());
+        assert_eq!(duplicate.status, StatusCode::CREATED, "the duplicate replays: {duplicate:?}");
+        assert!(duplicate.replayed());
+        assert_eq!(duplicate.body, first.body);
+        assert_eq!(app.executions("/sleep"), 1);
     }
 }

@@ -2,6 +2,9 @@
 //! implementation, or a layer configuration, keeps the contract.
 //!
 //! - [`store`]: the store suite. Stamp it out for your store with [`store_suite!`](crate::store_suite).
+//! - [`lifecycle`]: the lifecycle suite, for stores that implement [`Admin`](crate::store::Admin)
+//!   (unknown outcomes, inspection, settlement, eviction, expiry of every state, lease renewal,
+//!   recovery). Stamp it out with [`lifecycle_suite!`](crate::lifecycle_suite).
 //! - [`http`]: the HTTP contract suite, run through the real layer around a reference
 //!   application ([`http::TestApp`]) whose executions it counts. Stamp it out with
 //!   [`http_contract_suite!`](crate::http_contract_suite).
@@ -16,6 +19,7 @@
 //! ```
 
 pub mod http;
+pub mod lifecycle;
 pub mod store;
 
 use std::future::Future;
@@ -68,6 +72,39 @@ macro_rules! store_suite {
     };
 }
 
+/// Stamps out the lifecycle suite for one store that implements
+/// [`Admin`](crate::store::Admin): one `#[test]` per case. Arguments as for
+/// [`store_suite!`](crate::store_suite).
+#[macro_export]
+macro_rules! lifecycle_suite {
+    (leased, $make:expr) => {
+        $crate::lifecycle_suite!(@cases $make;
+            inspect_shows_the_record_but_never_its_key, operation_lookup_is_scoped,
+            unknown_outcome_is_kept_and_reported, settlement_is_fenced_state_checked_and_once,
+            not_executed_releases_the_key, eviction_frees_the_key, counts_and_unknown_list_follow_the_records,
+            unknown_record_expires_after_its_retention, checkout_hands_each_due_record_once_per_backoff,
+            recovery_worker_reconciles_unknown_records, renewal_extends_the_lease_and_reports_a_lost_claim,
+            sweep_marks_stale_leases_unknown_and_releases_reexecutable,
+            abandoned_processing_record_expires_after_its_retention, workers_at_once_settle_each_record_once);
+    };
+    (atomic, $make:expr) => {
+        $crate::lifecycle_suite!(@cases $make;
+            inspect_shows_the_record_but_never_its_key, operation_lookup_is_scoped,
+            unknown_outcome_is_kept_and_reported, settlement_is_fenced_state_checked_and_once,
+            not_executed_releases_the_key, eviction_frees_the_key, counts_and_unknown_list_follow_the_records,
+            unknown_record_expires_after_its_retention, checkout_hands_each_due_record_once_per_backoff,
+            recovery_worker_reconciles_unknown_records);
+    };
+    (@cases $make:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::testkit::run(async { $crate::testkit::lifecycle::$case($make.await).await });
+            }
+        )+
+    };
+}
+
 /// Stamps out the HTTP contract suite for one store: one `#[test]` per case, each wrapping a
 /// fresh [`http::TestApp`] in an [`IdempotencyLayer`](crate::IdempotencyLayer) over the store
 /// that `$make` (a future of a fresh store) yields.
@@ -88,7 +125,10 @@ macro_rules! http_contract_suite {
             in_flight_duplicate_gets_409_with_retry_after, waiting_duplicate_gets_the_replay,
             released_failure_executes_again, stored_failure_is_replayed, scopes_are_isolated,
             operations_are_isolated, body_over_the_limit_is_refused, concurrent_duplicates_run_the_handler_once,
-            content_type_never_skips_the_layer, json_charset_parameter_is_the_same_request);
+            content_type_never_skips_the_layer, json_charset_parameter_is_the_same_request,
+            key_past_its_retention_is_expired, unknown_outcome_is_answered_then_refused,
+            response_too_large_to_store_is_500, mismatch_status_409_is_honoured,
+            long_handler_keeps_its_lease_and_replays);
     };
     (@cases $make:expr, $adjust:expr; $($case:ident),+ $(,)?) => {
         $(

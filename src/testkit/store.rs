@@ -224,7 +224,11 @@ pub async fn retention_keeps_a_tombstone_then_forgets<S: Store>(store: S) {
     let id = fresh_id("retention");
     let fp = fingerprint(12);
     // Wide margins between the phases, so a slow machine cannot blur them.
-    let retention = Retention { response: Duration::from_millis(1000), tombstone: Duration::from_millis(3000) };
+    let retention = Retention {
+        response: Duration::from_millis(1000),
+        tombstone: Duration::from_millis(3000),
+        ..Retention::default()
+    };
     let request = || BeginRequest::new(&id, &fp).retention(retention);
     claim(&store, request()).await.finish(Outcome::Complete(answer("kept"))).await.expect("finish");
     assert_eq!(existing(&store, request()).await.state, RecordState::Completed);
@@ -244,7 +248,11 @@ pub async fn retention_keeps_a_tombstone_then_forgets<S: Store>(store: S) {
 pub async fn forgotten_record_is_taken_over_before_any_purge<S: Store>(store: S) {
     let id = fresh_id("takeover");
     let fp = fingerprint(13);
-    let brief = Retention { response: Duration::from_millis(200), tombstone: Duration::from_millis(300) };
+    let brief = Retention {
+        response: Duration::from_millis(200),
+        tombstone: Duration::from_millis(300),
+        ..Retention::default()
+    };
     let brief_request = || BeginRequest::new(&id, &fp).retention(brief);
     claim(&store, brief_request()).await.finish(Outcome::Complete(answer("first"))).await.expect("finish");
     // Well past the tombstone time, and no purge: the forgotten record is still in the table.

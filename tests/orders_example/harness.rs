@@ -3,10 +3,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Request, StatusCode};
+use axum::middleware;
+use axum::response::IntoResponse;
+use axum::routing::post;
 use http_body_util::BodyExt;
 use serde_json::Value;
 #[cfg(feature = "postgres")]
@@ -15,15 +19,24 @@ use sqlx::sqlite::SqliteConnectOptions;
 use tower::ServiceExt;
 #[cfg(feature = "postgres")]
 use tower_idempotency::PostgresStore;
-use tower_idempotency::SqliteStore;
+use tower_idempotency::recovery::RecoveryReport;
+use tower_idempotency::store::{Admin, FinishError};
+use tower_idempotency::{
+    Begin, BeginRequest, Claim, CouplingMode, Fingerprint, IdempotencyKey, IdempotencyLayer, Outcome, OutcomeClass,
+    RecordId, Retention, Scope, SqliteStore, Store, StoredResponse,
+};
 
 use crate::cleanup::Cleanup;
+use crate::orders::admin::AdminToken;
 use crate::orders::api::{AppState, Clock};
+use crate::orders::auth::authenticate;
 use crate::orders::book::created_at::CreatedAt;
 use crate::orders::book::storage::OrderBook;
 use crate::orders::cursor::CursorCodec;
+use crate::orders::lifecycle::Lifecycle;
 use crate::orders::limits::RequestLimits;
-use crate::{CURSOR_SECRET, START_MICROS};
+use crate::orders::{operator, recovery};
+use crate::{ADMIN_TOKEN, CURSOR_SECRET, START_MICROS};
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Backend {
@@ -90,20 +103,65 @@ impl TestDb {
             }
         };
         db.orders.create_table().await.expect("create the orders table");
+        let _outbox_route = crate::orders::events::start(&db.orders).await.expect("create the outbox table");
         db
     }
 
-    /// The example's router over this database, with an atomic idempotency store on it.
-    fn router(&self, state: AppState) -> Router {
+    /// The example's public API and its operator listener (with the operator token set, and
+    /// without one) over this database, with an atomic idempotency store on it.
+    fn routers(&self, state: AppState) -> Routers {
         match (&self.orders, &self.place) {
-            (OrderBook::Sqlite(pool), _) => crate::orders::api::app(state, SqliteStore::new(pool.clone())),
+            (OrderBook::Sqlite(pool), _) => services(state, SqliteStore::new(pool.clone())),
             #[cfg(feature = "postgres")]
-            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => {
-                crate::orders::api::app(state, pg_store(pool, schema))
-            }
+            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => services(state, pg_store(pool, schema)),
             #[cfg(feature = "postgres")]
             (OrderBook::Postgres(_), Place::SqliteFile) => unreachable!("a PostgreSQL pool has a schema"),
         }
+    }
+
+    /// One pass of the example's recovery worker over this database, configured by `lifecycle`.
+    pub(crate) async fn recovery_pass(&self, lifecycle: &Lifecycle) -> RecoveryReport {
+        let pass = match (&self.orders, &self.place) {
+            (OrderBook::Sqlite(pool), _) => {
+                recovery::worker(SqliteStore::new(pool.clone()), lifecycle, None).run_once().await
+            }
+            #[cfg(feature = "postgres")]
+            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => {
+                recovery::worker(pg_store(pool, schema), lifecycle, None).run_once().await
+            }
+            #[cfg(feature = "postgres")]
+            (OrderBook::Postgres(_), Place::SqliteFile) => unreachable!("a PostgreSQL pool has a schema"),
+        };
+        pass.expect("a recovery pass")
+    }
+
+    /// Claims `(account, operation, key)` in leased mode on this database's idempotency table and
+    /// holds the claim, as a handler still running would; `None` if the identity is taken.
+    pub(crate) async fn hold_leased_claim(&self, account: &str, operation: &str, key: &str) -> Option<HeldClaim> {
+        let scope = Scope::new(account);
+        let id = RecordId::new(&scope, operation, &IdempotencyKey::new(key).expect("a valid key"));
+        let fingerprint = Fingerprint::from_parts(1, [7; 32]);
+        let request = BeginRequest::new(&id, &fingerprint).labels(&scope, operation).lease(Duration::from_secs(60));
+        let begun = match (&self.orders, &self.place) {
+            (OrderBook::Sqlite(pool), _) => {
+                let store = SqliteStore::new(pool.clone()).mode(CouplingMode::Leased);
+                store.begin(request).await.map(|begun| match begun {
+                    Begin::Claimed(claim) => Some(HeldClaim::Sqlite(claim)),
+                    _ => None,
+                })
+            }
+            #[cfg(feature = "postgres")]
+            (OrderBook::Postgres(pool), Place::PostgresSchema(schema)) => {
+                let store = pg_store(pool, schema).mode(CouplingMode::Leased);
+                store.begin(request).await.map(|begun| match begun {
+                    Begin::Claimed(claim) => Some(HeldClaim::Postgres(claim)),
+                    _ => None,
+                })
+            }
+            #[cfg(feature = "postgres")]
+            (OrderBook::Postgres(_), Place::SqliteFile) => unreachable!("a PostgreSQL pool has a schema"),
+        };
+        begun.expect("the store answers")
     }
 
     /// How many idempotency records exist, in any state.
@@ -156,9 +214,75 @@ fn pg_store(pool: &PgPool, schema: &str) -> PostgresStore {
     PostgresStore::new(pool.clone()).schema(schema).expect("a valid schema name")
 }
 
-/// The example's router over a fresh order book and idempotency store.
+/// A leased claim held by a test, as by a handler still running.
+pub(crate) enum HeldClaim {
+    Sqlite(<SqliteStore as Store>::Claim),
+    #[cfg(feature = "postgres")]
+    Postgres(<PostgresStore as Store>::Claim),
+}
+
+impl HeldClaim {
+    /// The claim's fencing token.
+    pub(crate) fn fencing_token(&self) -> Option<u64> {
+        match self {
+            Self::Sqlite(claim) => claim.fencing_token(),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(claim) => claim.fencing_token(),
+        }
+    }
+
+    /// Finishes the claim with a 201 `done`.
+    pub(crate) async fn complete(self) -> Result<(), FinishError> {
+        let outcome = Outcome::Complete(StoredResponse::new(StatusCode::CREATED, "done"));
+        match self {
+            Self::Sqlite(claim) => claim.finish(outcome).await,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(claim) => claim.finish(outcome).await,
+        }
+    }
+}
+
+/// The operation of the tests' own route whose handler marks its outcome unknown.
+pub(crate) const UNKNOWN_OPERATION: &str = "test.unknown";
+
+struct Routers {
+    api: Router,
+    admin: Router,
+    admin_off: Router,
+}
+
+/// The example's API (plus `POST /test/unknown`) and operator routes over `store`, as the
+/// example's start-up assembles them.
+fn services<St: Store + Admin>(state: AppState, store: St) -> Routers {
+    let retention = state.lifecycle.retention();
+    let unknown = unknown_route(store.clone(), retention);
+    let api = crate::orders::api::app(state, store.clone()).merge(unknown);
+    let operator = || operator::routes(store.clone(), retention);
+    Routers {
+        api,
+        admin: operator().into_router(AdminToken::new(Some(ADMIN_TOKEN))),
+        admin_off: operator().into_router(AdminToken::new(None)),
+    }
+}
+
+/// `POST /test/unknown` (authenticated like the example's routes, operation
+/// [`UNKNOWN_OPERATION`]): its handler answers 504, marked as an unknown outcome, as one whose
+/// downstream call timed out after it was sent would.
+fn unknown_route<St: Store>(store: St, retention: Retention) -> Router {
+    let layer = IdempotencyLayer::new(store).operation(UNKNOWN_OPERATION).retention(retention);
+    let handler = || async {
+        let mut response = (StatusCode::GATEWAY_TIMEOUT, "the downstream did not answer in time").into_response();
+        response.extensions_mut().insert(OutcomeClass::Unknown);
+        response
+    };
+    Router::new().route("/test/unknown", post(handler).layer(layer)).layer(middleware::from_fn(authenticate))
+}
+
+/// The example's routers over a fresh order book and idempotency store.
 pub(crate) struct Orders {
     router: Router,
+    admin: Router,
+    admin_off: Router,
 }
 
 /// What came back: status, headers and the body's exact bytes.
@@ -184,21 +308,63 @@ impl Orders {
         )
     }
 
+    /// A clock that moves one microsecond per order, and records kept as `lifecycle` says.
+    pub(crate) fn with_lifecycle(db: &TestDb, lifecycle: Lifecycle) -> Self {
+        let now = Arc::new(AtomicI64::new(START_MICROS));
+        let clock: Clock = Arc::new(move || CreatedAt::from_unix_micros(now.fetch_add(1, Ordering::SeqCst)));
+        Self::with(db, clock, lifecycle)
+    }
+
     fn with_clock(db: &TestDb, clock: Clock) -> Self {
+        Self::with(db, clock, Lifecycle::default())
+    }
+
+    fn with(db: &TestDb, clock: Clock, lifecycle: Lifecycle) -> Self {
         let state = AppState {
             orders: db.orders.clone(),
             cursors: CursorCodec::new(CURSOR_SECRET),
             clock,
             limits: RequestLimits::default(),
+            lifecycle,
         };
-        Self { router: db.router(state) }
+        let Routers { api, admin, admin_off } = db.routers(state);
+        Self { router: api, admin, admin_off }
+    }
+
+    /// A request to the operator listener, with the operator token.
+    pub(crate) async fn operator(&self, method: &str, uri: &str, body: Option<&str>) -> Answer {
+        self.operator_as(Some(&format!("Bearer {ADMIN_TOKEN}")), method, uri, body).await
+    }
+
+    /// A request to the operator listener with `authorization` (or none).
+    pub(crate) async fn operator_as(
+        &self,
+        authorization: Option<&str>,
+        method: &str,
+        uri: &str,
+        body: Option<&str>,
+    ) -> Answer {
+        send(&self.admin, admin_request(authorization, method, uri, body)).await
+    }
+
+    /// A request to an operator listener started without `ORDERS_ADMIN_TOKEN`.
+    pub(crate) async fn operator_without_token(&self, authorization: Option<&str>, method: &str, uri: &str) -> Answer {
+        send(&self.admin_off, admin_request(authorization, method, uri, None)).await
+    }
+
+    /// `POST /test/unknown` as `account` with `key`: 504, its outcome marked unknown.
+    pub(crate) async fn post_unknown(&self, account: &str, key: &str) -> Answer {
+        let request = Request::post("/test/unknown")
+            .header("authorization", format!("Bearer {account}"))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(Body::from("{}"))
+            .expect("a valid request");
+        self.send(request).await
     }
 
     pub(crate) async fn send(&self, request: Request<Body>) -> Answer {
-        let response = self.router.clone().oneshot(request).await.expect("the router is infallible");
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.expect("the body is readable").to_bytes();
-        Answer { status: parts.status, headers: parts.headers, body }
+        send(&self.router, request).await
     }
 
     pub(crate) async fn post(&self, account: Option<&str>, key: Option<&str>, body: &str) -> Answer {
@@ -244,6 +410,24 @@ impl Orders {
             }
         }
     }
+}
+
+async fn send(router: &Router, request: Request<Body>) -> Answer {
+    let response = router.clone().oneshot(request).await.expect("the router is infallible");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("the body is readable").to_bytes();
+    Answer { status: parts.status, headers: parts.headers, body }
+}
+
+fn admin_request(authorization: Option<&str>, method: &str, uri: &str, body: Option<&str>) -> Request<Body> {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(authorization) = authorization {
+        request = request.header("authorization", authorization);
+    }
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    request.body(body.map(|body| Body::from(body.to_owned())).unwrap_or_default()).expect("a valid request")
 }
 
 impl Answer {

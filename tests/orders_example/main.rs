@@ -10,13 +10,21 @@
 #[path = "../../examples/orders"]
 #[allow(dead_code, reason = "what only start-up or the gRPC example uses goes unused here")]
 mod orders {
+    pub mod admin;
     pub mod api;
-    mod auth;
+    pub mod auth;
     pub mod book;
     mod create_request;
     pub mod cursor;
+    mod drill;
+    pub mod events;
+    pub mod lifecycle;
     pub mod limits;
+    mod operations;
+    pub mod operator;
+    mod operator_request;
     mod problem;
+    pub mod recovery;
 }
 
 #[path = "../support/cleanup.rs"]
@@ -25,11 +33,15 @@ mod harness;
 
 mod accounts_and_creation;
 mod one_transaction;
+mod operator_routes;
 mod pagination;
+mod retention;
 
 use accounts_and_creation::*;
 use one_transaction::*;
+use operator_routes::*;
 use pagination::*;
+use retention::*;
 
 use orders::book::created_at::CreatedAt;
 
@@ -37,6 +49,8 @@ const CURSOR_SECRET: &[u8] = b"orders example test cursor secret";
 /// 2025-01-02T03:04:05.000006Z
 const START_MICROS: i64 = 1_735_787_045_000_006;
 const ALICE: &str = "acct_alice";
+/// The operator token of the tests' operator listener.
+const ADMIN_TOKEN: &str = "operator-token-0123456789";
 const BOB: &str = "acct_bob";
 
 // ---------------------------------------------------------------------------------------------
@@ -98,6 +112,16 @@ on_every_backend!(
     a_cursor_of_another_version_or_signed_with_another_secret_is_400_invalid_cursor,
     limit_out_of_range_or_not_a_number_is_400_invalid_limit_and_a_repeated_limit_is_400_invalid_query,
     create_writes_the_order_and_the_stored_answer_in_one_transaction,
+    operator_routes_answer_401_without_the_token_and_404_when_it_is_unset,
+    a_record_is_inspected_by_account_operation_and_key_and_never_shows_the_key,
+    a_record_query_missing_a_parameter_or_with_an_invalid_one_is_400_invalid_query,
+    evicting_a_record_lets_its_key_execute_afresh,
+    a_record_in_flight_is_shown_processing_and_evicting_it_takes_the_claim_from_its_holder,
+    an_unknown_outcome_is_409_until_an_operator_settles_it_and_then_replays_the_settlement,
+    unknown_records_are_listed_oldest_first_and_counted_by_state,
+    settling_a_record_that_is_not_unknown_is_409_and_a_bad_settlement_is_422_or_415,
+    operation_status_is_the_callers_own_and_the_same_404_for_anything_else,
+    a_key_past_its_retention_is_422_expired_until_its_tombstone_ends_then_executes_afresh,
 );
 
 // ---------------------------------------------------------------------------------------------

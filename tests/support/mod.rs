@@ -22,6 +22,11 @@ macro_rules! suites_in_both_modes {
             use tower_idempotency::CouplingMode;
             tower_idempotency::store_suite!(atomic, $store(CouplingMode::Atomic));
 
+            mod lifecycle {
+                use tower_idempotency::CouplingMode;
+                tower_idempotency::lifecycle_suite!(atomic, $store(CouplingMode::Atomic));
+            }
+
             mod http {
                 use tower_idempotency::CouplingMode;
                 tower_idempotency::http_contract_suite!($store(CouplingMode::Atomic));
@@ -31,6 +36,11 @@ macro_rules! suites_in_both_modes {
         mod leased {
             use tower_idempotency::CouplingMode;
             tower_idempotency::store_suite!(leased, $store(CouplingMode::Leased));
+
+            mod lifecycle {
+                use tower_idempotency::CouplingMode;
+                tower_idempotency::lifecycle_suite!(leased, $store(CouplingMode::Leased));
+            }
 
             mod http {
                 use tower_idempotency::CouplingMode;

@@ -35,35 +35,65 @@ pub struct Server {
     child: Child,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where its operator listener listens (a free port of its own).
+    pub admin_addr: SocketAddr,
 }
 
 impl Server {
     /// Starts the server on `port` with `DATABASE_URL=database_url`, and waits until it listens.
     pub fn start(database_url: &str, port: u16) -> Server {
-        let mut child = Command::new(orders_binary())
+        Self::start_with(database_url, port, &[])
+    }
+
+    /// [`start`](Self::start), with more environment variables.
+    pub fn start_with(database_url: &str, port: u16, env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(orders_binary());
+        command
             .env("ORDERS_ADDR", format!("127.0.0.1:{port}"))
+            // A port of its own: servers of tests running at once must not share one.
             .env("ORDERS_ADMIN_ADDR", "127.0.0.1:0")
             .env("DATABASE_URL", database_url)
             .env("ORDERS_CURSOR_SECRET", "a-fixed-secret-for-restarts")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the orders example");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read the server's first line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "the server did not start: {line:?} (if it says it lacks PostgreSQL support, the example was \
-                     last built with default features: run `cargo test --all-features`)"
-                )
-            })
-            .parse()
-            .expect("address");
-        Server { child, addr }
+            .stderr(Stdio::inherit());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("start the orders example");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut read_address = |prefix: &str| -> SocketAddr {
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("read the server's stdout");
+            line.trim()
+                .strip_prefix(prefix)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "the server did not start: {line:?} (if it says it lacks PostgreSQL support, the example was \
+                         last built with default features: run `cargo test --all-features`)"
+                    )
+                })
+                .parse()
+                .expect("address")
+        };
+        let addr = read_address("listening on ");
+        let admin_addr = read_address("admin listening on ");
+        Server { child, addr, admin_addr }
+    }
+
+    /// SIGTERM, then waits up to `within` for the server to exit: its exit status, or `None` if
+    /// it is still running (it is then killed when dropped).
+    pub fn terminate(mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid}");
+        let started = std::time::Instant::now();
+        while started.elapsed() < within {
+            if let Some(status) = self.child.try_wait().expect("wait for the server") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     /// SIGKILL: no graceful shutdown, no flushing, as a crash.
@@ -121,8 +151,9 @@ pub async fn get(addr: SocketAddr, account: &str, path: &str) -> Result<Reply, S
     exchange(addr, request).await
 }
 
-/// Sends `request` on a connection of its own and reads the whole reply, within 20 s.
-async fn exchange(addr: SocketAddr, request: String) -> Result<Reply, String> {
+/// Sends `request` (a whole HTTP/1.1 request with `connection: close`) on a connection of its
+/// own and reads the whole reply, within 20 s. Transport failures are an `Err`.
+pub async fn exchange(addr: SocketAddr, request: String) -> Result<Reply, String> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
         stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;

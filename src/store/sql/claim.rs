@@ -66,6 +66,23 @@ impl<A: AtomicClaim<Db = D::Db>, D: Dialect> Held<A, D> {
         }
     }
 
+    /// Renews a leased claim's lease (an atomic claim holds none).
+    pub(crate) fn renew(
+        &self,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = Result<crate::store::Renewal, crate::store::StoreError>> + Send + 'static {
+        let renewal = match self {
+            Held::Atomic(_) => None,
+            Held::Leased(claim) => Some(claim.renewal(lease)),
+        };
+        async move {
+            match renewal {
+                Some(renewal) => renewal.await,
+                None => Ok(crate::store::Renewal::NotLeased),
+            }
+        }
+    }
+
     /// Finishes the claim with `outcome`.
     pub(crate) async fn finish(self, outcome: Outcome) -> Result<(), FinishError> {
         match self {
@@ -138,6 +155,61 @@ macro_rules! sql_store_surface {
             }
         }
 
+        impl $crate::store::Admin for $store {
+            async fn inspect(
+                &self,
+                id: &$crate::RecordId,
+            ) -> Result<Option<$crate::store::RecordInfo>, $crate::store::StoreError> {
+                self.records.inspect(id).await
+            }
+
+            async fn inspect_operation(
+                &self,
+                scope: &$crate::Scope,
+                operation_id: &str,
+            ) -> Result<Option<$crate::store::RecordInfo>, $crate::store::StoreError> {
+                self.records.inspect_operation(scope, operation_id).await
+            }
+
+            async fn list_unknown(
+                &self,
+                limit: usize,
+            ) -> Result<Vec<$crate::store::RecordInfo>, $crate::store::StoreError> {
+                self.records.list_unknown(limit).await
+            }
+
+            async fn counts(&self) -> Result<$crate::store::StateCounts, $crate::store::StoreError> {
+                self.records.counts().await
+            }
+
+            async fn settle(
+                &self,
+                request: $crate::store::SettleRequest<'_>,
+            ) -> Result<(), $crate::store::SettleError> {
+                self.records.settle(request).await
+            }
+
+            async fn evict(&self, id: &$crate::RecordId) -> Result<bool, $crate::store::StoreError> {
+                self.records.evict(id).await
+            }
+
+            async fn sweep_leases(
+                &self,
+                limit: usize,
+            ) -> Result<$crate::store::LeaseSweep, $crate::store::StoreError> {
+                self.records.sweep_leases(limit).await
+            }
+
+            async fn checkout_unknown(
+                &self,
+                operation: &str,
+                limit: usize,
+                backoff: $crate::store::Backoff,
+            ) -> Result<Vec<$crate::store::RecordInfo>, $crate::store::StoreError> {
+                self.records.checkout_unknown(operation, limit, backoff).await
+            }
+        }
+
         impl $crate::store::Claim for $claim {
             type Handle = $crate::store::sql::tx::TxHandle<$db>;
 
@@ -152,6 +224,15 @@ macro_rules! sql_store_surface {
 
             async fn finish(self, outcome: $crate::store::Outcome) -> Result<(), $crate::store::FinishError> {
                 self.0.finish(outcome).await
+            }
+
+            fn renew(
+                &self,
+                lease: std::time::Duration,
+            ) -> impl std::future::Future<Output = Result<$crate::store::Renewal, $crate::store::StoreError>>
+            + Send
+            + 'static {
+                self.0.renew(lease)
             }
         }
     };

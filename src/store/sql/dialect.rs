@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sqlx::{Database, SqlStr};
 
+use super::admin::InfoRow;
 use super::{RecordRow, millis};
 use crate::store::StoreError;
 
@@ -23,6 +24,10 @@ pub(crate) enum Arg {
     Flag(bool),
     /// A state's name.
     Text(&'static str),
+    /// An operation's name, or `NULL`.
+    OptText(Option<String>),
+    /// A digest, or `NULL`.
+    OptBytes(Option<Vec<u8>>),
 }
 
 /// A statement with its arguments, ready to run.
@@ -86,6 +91,24 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// Whole milliseconds from `now` until the time in `column` (negative: passed).
     fn millis_until(column: &str, now: &str) -> String;
 
+    /// The time in `column` as unix milliseconds (a bigint; `NULL` stays `NULL`).
+    fn epoch_ms(column: &str) -> String;
+
+    /// What makes a CTE evaluated once, before the statement that uses it (PostgreSQL's
+    /// `MATERIALIZED`; SQLite evaluates a CTE used once once).
+    const MATERIALIZED: &'static str = "";
+
+    /// The function that picks the least of two values.
+    const LEAST: &'static str;
+
+    /// Parameter `n`, an integer, where its type must be spelled out.
+    fn bigint(n: usize) -> String {
+        Self::param(n)
+    }
+
+    /// The time `ms` (an integer expression) milliseconds after `now`.
+    fn plus_ms(now: &str, ms: &str) -> String;
+
     /// Whether a fenced write's error means the write surely never ran (by default, no error
     /// says so).
     fn never_ran(_error: &sqlx::Error) -> bool {
@@ -103,6 +126,18 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
         conn: &mut <Self::Db as Database>::Connection,
         statement: Bound,
     ) -> impl Future<Output = Result<Option<RecordRow>, StoreError>> + Send;
+
+    /// Runs `statement` on `conn` and reads the record rows of the admin statements.
+    fn fetch_infos(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<Vec<InfoRow>, StoreError>> + Send;
+
+    /// Runs the counting statement on `conn`: per state, its count and the oldest creation.
+    fn fetch_counts(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<Vec<(String, i64, Option<i64>)>, sqlx::Error>> + Send;
 
     /// Runs `statement` on `conn` and reads the integer (a fencing token) it returns, if any.
     fn fetch_token(
@@ -130,6 +165,23 @@ macro_rules! run_bound_statements {
             row.as_ref().map(record_row).transpose()
         }
 
+        async fn fetch_infos(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> Result<Vec<$crate::store::sql::admin::InfoRow>, $crate::store::StoreError> {
+            let rows = bind(statement).fetch_all(conn).await.map_err($crate::store::sql::unavailable)?;
+            rows.iter().map(info_row).collect()
+        }
+
+        async fn fetch_counts(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> Result<Vec<(String, i64, Option<i64>)>, sqlx::Error> {
+            use sqlx::Row;
+            let rows = bind(statement).fetch_all(conn).await?;
+            rows.iter().map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).collect()
+        }
+
         async fn fetch_token(
             conn: &mut <$db as sqlx::Database>::Connection,
             statement: $crate::store::sql::dialect::Bound,
@@ -153,6 +205,8 @@ macro_rules! bind_and_decode {
                 Arg::Small(value) => query.bind(value),
                 Arg::Flag(value) => query.bind(value),
                 Arg::Text(value) => query.bind(value),
+                Arg::OptText(value) => query.bind(value),
+                Arg::OptBytes(value) => query.bind(value),
             })
         }
 
@@ -171,6 +225,29 @@ macro_rules! bind_and_decode {
                 response_status: row.try_get(7).map_err(corrupt)?,
                 response_headers: row.try_get(8).map_err(corrupt)?,
                 response_body: row.try_get(9).map_err(corrupt)?,
+            })
+        }
+
+        /// A record row, in the column order of the admin statements.
+        fn info_row(row: &$row) -> Result<$crate::store::sql::admin::InfoRow, $crate::store::StoreError> {
+            use sqlx::Row;
+            let corrupt = |e: sqlx::Error| $crate::store::StoreError::Corrupt(e.to_string());
+            Ok($crate::store::sql::admin::InfoRow {
+                record_id: row.try_get(0).map_err(corrupt)?,
+                state: row.try_get(1).map_err(corrupt)?,
+                operation: row.try_get(2).map_err(corrupt)?,
+                fingerprint_version: row.try_get(3).map_err(corrupt)?,
+                fencing_token: row.try_get(4).map_err(corrupt)?,
+                created_ms: row.try_get(5).map_err(corrupt)?,
+                updated_ms: row.try_get(6).map_err(corrupt)?,
+                until_ms: row.try_get(7).map_err(corrupt)?,
+                forget_ms: row.try_get(8).map_err(corrupt)?,
+                lease_ms: row.try_get(9).map_err(corrupt)?,
+                status: row.try_get(10).map_err(corrupt)?,
+                headers: row.try_get(11).map_err(corrupt)?,
+                attempts: row.try_get(12).map_err(corrupt)?,
+                expired: row.try_get(13).map_err(corrupt)?,
+                forgotten: row.try_get(14).map_err(corrupt)?,
             })
         }
     };

@@ -5,13 +5,16 @@
 //! then the record is this claim's to settle; after it, the stale-lease policy decides for the
 //! next retry, and a request whose pool stays exhausted that long gets `FinishError::Store`.
 
+use std::future::Future;
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::dialect::Dialect;
 use super::{Records, unavailable};
 use crate::key::RecordId;
 use crate::store::decide::stored_outcome;
-use crate::store::{BeginRequest, FinishError, Outcome, Retention};
+use crate::store::{BeginRequest, FinishError, Outcome, Renewal, Retention, StoreError};
 
 /// A leased claim on a SQL store's record.
 #[derive(Debug)]
@@ -59,6 +62,26 @@ impl<D: Dialect> LeasedClaim<D> {
             Ok(_) => Err(FinishError::ClaimLost),
             Err(error) if D::never_ran(&error) => Err(FinishError::Store(unavailable(error))),
             Err(error) => Err(FinishError::CommitUncertain(Box::new(error))),
+        }
+    }
+}
+
+impl<D: Dialect> LeasedClaim<D> {
+    /// The renewal of the lease to `lease` from now: a fenced, state-checked write on a
+    /// connection taken by the end of the current lease (after it, another request may take
+    /// the record over: the heartbeat treats a renewal that cannot be made by then as a loss).
+    pub(crate) fn renewal(
+        &self,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Renewal, StoreError>> + Send + 'static {
+        let (records, statement) = (self.records.clone(), self.records.statements.renew(&self.id, self.token, lease));
+        let lease_ends = self.lease_ends.max(Instant::now());
+        async move {
+            match records.execute_by(statement, lease_ends).await {
+                Ok(1) => Ok(Renewal::Renewed),
+                Ok(_) => Ok(Renewal::Lost),
+                Err(error) => Err(unavailable(error)),
+            }
         }
     }
 }

@@ -4,6 +4,7 @@
 //! their atomic claims.
 
 mod acquire;
+pub(crate) mod admin;
 mod claim;
 mod deployment;
 mod dialect;
@@ -160,12 +161,12 @@ impl From<HandleStillHeld> for FinishError {
 
 /// The crate's migrations of a records table, in order (their versions start at 1), with their
 /// descriptions. Never edit one that has shipped: its checksum is in users' databases.
-const MIGRATIONS: [&str; 2] = ["create idempotency records", "deployment secret"];
+const MIGRATIONS: [&str; 3] = ["create idempotency records", "deployment secret", "record lifecycle"];
 
 /// The migrator of a records table: the crate's migrations (`migrations`, in order, with the
 /// store's names already in), their history kept in `history` (apart from the application's own
 /// sqlx migrations).
-pub(crate) fn migrator(migrations: [String; 2], history: String) -> Migrator {
+pub(crate) fn migrator(migrations: [String; 3], history: String) -> Migrator {
     let migrations = MIGRATIONS
         .iter()
         .zip(migrations)

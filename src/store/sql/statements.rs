@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
+use super::admin::AdminStatements;
 use super::dialect::{Arg, Bound, Dialect};
 use crate::key::RecordId;
 use crate::record::{RecordState, StoredResponse};
+use crate::store::admin::kept_operation;
 use crate::store::decide::{ABANDONED, EXPIRED};
 use crate::store::{BeginRequest, Retention, StaleLeasePolicy};
 
@@ -26,12 +28,15 @@ pub(crate) struct Statements<D> {
     pub(crate) columns: String,
     claim: SqlStr,
     read: SqlStr,
+    renew: SqlStr,
     mark_unknown: SqlStr,
     finish: SqlStr,
     release: SqlStr,
     abandon: SqlStr,
     purge_forget: SqlStr,
     purge_expire: SqlStr,
+    /// The admin and recovery statements.
+    pub(crate) admin: AdminStatements<D>,
     dialect: PhantomData<D>,
 }
 
@@ -58,18 +63,26 @@ impl<D: Dialect> Statements<D> {
             // Claims a new identity, or takes over a forgotten record, or (when the route is
             // re-executable) a dead holder's lease on the same request. Any other existing row
             // returns nothing; a concurrent claimant's uncommitted row makes this wait.
+            // The claim names its operation and scope (for reconcilers and the operation id
+            // lookup) and carries the unsettled retention: a claim whose holder never finishes
+            // still expires.
             claim: {
-                let now = D::now(7);
+                let now = D::now(12);
                 sql(format!(
                     "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                                           lease_until, created_at, updated_at) \
-                     VALUES ({id}, '{PROCESSING}', {version}, {fingerprint}, {token}, {lease}, {now}, {now}) \
+                                           lease_until, created_at, updated_at, reexecutable, operation, \
+                                           scope_digest, operation_id, response_until, forget_at) \
+                     VALUES ({id}, '{PROCESSING}', {version}, {fingerprint}, {token}, {lease}, {now}, {now}, \
+                             {reexecute}, {operation}, {scope}, {operation_id}, {until}, {forget}) \
                      ON CONFLICT {conflict_target} DO UPDATE SET \
                          state = '{PROCESSING}', fingerprint_version = excluded.fingerprint_version, \
                          fingerprint = excluded.fingerprint, fencing_token = excluded.fencing_token, \
                          lease_until = excluded.lease_until, response_status = NULL, response_headers = NULL, \
-                         response_body = NULL, response_until = NULL, forget_at = NULL, \
-                         created_at = excluded.created_at, updated_at = excluded.updated_at \
+                         response_body = NULL, response_until = excluded.response_until, \
+                         forget_at = excluded.forget_at, created_at = excluded.created_at, \
+                         updated_at = excluded.updated_at, reexecutable = excluded.reexecutable, \
+                         operation = excluded.operation, scope_digest = excluded.scope_digest, \
+                         operation_id = excluded.operation_id, attempts = 0, recheck_at = NULL \
                      WHERE r.forget_at <= {now} \
                         OR ({reexecute} AND r.state = '{PROCESSING}' AND r.lease_until <= {now} \
                             AND r.fingerprint = excluded.fingerprint) \
@@ -79,7 +92,12 @@ impl<D: Dialect> Statements<D> {
                     fingerprint = p(3),
                     lease = D::later(4),
                     reexecute = p(5),
-                    token = next_token(6),
+                    operation = p(6),
+                    scope = p(7),
+                    operation_id = p(8),
+                    until = D::later(9),
+                    forget = D::later(10),
+                    token = next_token(11),
                 ))
             },
             read: sql(format!("SELECT {columns} FROM {t} WHERE record_id = {id}", columns = columns(&now), id = p(1))),
@@ -105,6 +123,13 @@ impl<D: Dialect> Statements<D> {
                 now = D::now(9),
             )),
             release: sql(format!("DELETE FROM {t} WHERE {fenced}")),
+            // Fenced and state-checked like the outcome: a lease is only ever extended for the
+            // claim that still holds the record.
+            renew: sql(format!(
+                "UPDATE {t} SET lease_until = {lease}, updated_at = {now} WHERE {fenced}",
+                lease = D::later(3),
+                now = D::now(4),
+            )),
             abandon: {
                 let now = D::now(3);
                 sql(format!("UPDATE {t} SET lease_until = {now}, updated_at = {now} WHERE {fenced}"))
@@ -120,15 +145,13 @@ impl<D: Dialect> Statements<D> {
                 "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
                      response_body = NULL, updated_at = {now} \
                  WHERE record_id IN ( \
-                     SELECT record_id FROM {t} WHERE state IN ('{completed}', '{failed}') \
-                       AND response_until <= {now} \
+                     SELECT record_id FROM {t} WHERE state <> '{expired}' AND response_until <= {now} \
                      LIMIT {limit}{lock})",
                 expired = EXPIRED.as_str(),
-                completed = RecordState::Completed.as_str(),
-                failed = RecordState::Failed.as_str(),
                 limit = p(1),
                 lock = D::BATCH_LOCK,
             )),
+            admin: AdminStatements::new(t),
             dialect: PhantomData,
         }
     }
@@ -143,6 +166,11 @@ impl<D: Dialect> Statements<D> {
             Arg::Bytes(request.fingerprint.digest().to_vec()),
             lease.map_or(Arg::Int(None), |lease| D::later_arg(now, lease)),
             Arg::Flag(request.stale_lease == StaleLeasePolicy::Reexecute),
+            Arg::OptText(kept_operation(request.operation).map(str::to_owned)),
+            Arg::OptBytes(request.scope.map(|scope| scope.digest().to_vec())),
+            Arg::Bytes(request.id.operation_id_bytes().to_vec()),
+            D::later_arg(now, request.retention.unsettled),
+            D::later_arg(now, request.retention.unsettled.saturating_add(request.retention.tombstone)),
         ];
         args.extend(token.map(|token| Arg::Int(Some(token))));
         Bound::new(&self.claim, args, now)
@@ -174,10 +202,18 @@ impl<D: Dialect> Statements<D> {
             Arg::Small(response.status.as_u16() as i16),
             Arg::Bytes(response.encode_fields()),
             Arg::Bytes(response.body.to_vec()),
-            D::later_arg(now, retention.response),
-            D::later_arg(now, retention.response.saturating_add(retention.tombstone)),
+            D::later_arg(now, retention.live_for(state)),
+            D::later_arg(now, retention.live_for(state).saturating_add(retention.tombstone)),
         ]);
         Bound::new(&self.finish, args, now)
+    }
+
+    /// Extends the lease of the claim holding `token` to `lease` from now.
+    pub(crate) fn renew(&self, id: &RecordId, token: i64, lease: Duration) -> Bound {
+        let now = D::now_value();
+        let mut args = fenced(id, token);
+        args.push(D::later_arg(now, lease));
+        Bound::new(&self.renew, args, now)
     }
 
     /// Deletes the `processing` record of the claim holding `token`.

@@ -111,6 +111,8 @@ pub(super) struct AtomicClaim {
     replace: bool,
     /// The transaction, until the claim is finished.
     handle: Option<TxHandle<Postgres>>,
+    /// The operation and scope digest the record is labelled with.
+    labels: (Option<String>, Option<[u8; 32]>),
 }
 
 impl AtomicClaim {
@@ -129,6 +131,10 @@ impl AtomicClaim {
             wait: request.wait,
             replace,
             handle: Some(handle),
+            labels: (
+                crate::store::admin::kept_operation(request.operation).map(str::to_owned),
+                request.scope.map(|scope| scope.digest()),
+            ),
         }
     }
 
@@ -157,7 +163,8 @@ impl AtomicClaim {
                 state.as_str(),
                 &self.fingerprint,
                 &response,
-                self.retention
+                self.retention,
+                &self.labels,
             ),
         );
         match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
@@ -297,11 +304,15 @@ impl AtomicStatements {
         fingerprint: &Fingerprint,
         response: &StoredResponse,
         retention: Retention,
+        (operation, scope): &(Option<String>, Option<[u8; 32]>),
     ) -> String {
-        let keep = millis(retention.response);
+        let keep = millis(retention.live_for(RecordState::parse(state).unwrap_or(RecordState::Completed)));
         format!(
             "SELECT {function}({id}, '{state}', {version}::smallint, {fp}, {status}::smallint, {fields}, {body}, \
-                 {keep}, {forget})",
+                 {keep}, {forget}, {operation}::text, {scope}::bytea, {operation_id})",
+            operation = operation.as_deref().map_or_else(|| "NULL".to_owned(), text_literal),
+            scope = scope.map_or_else(|| "NULL".to_owned(), |digest| bytea_literal(&crate::hex::encode(&digest))),
+            operation_id = bytea_literal(&crate::hex::encode(&id.operation_id_bytes())),
             function = self.store_function,
             id = bytea_literal(&id.to_hex()),
             version = fingerprint.version(),
@@ -319,6 +330,13 @@ impl AtomicStatements {
 /// as it is (a `decode(..)` call would cost a function lookup on every statement).
 fn bytea_literal(hex: &str) -> String {
     format!("E'\\\\x{hex}'::bytea")
+}
+
+/// A text literal for the simple-query protocol: an escape string with its backslashes and
+/// quotes doubled, which reads the same whatever `standard_conforming_strings` says (the text
+/// is an operation name, which has no NUL: see `kept_operation`).
+fn text_literal(text: &str) -> String {
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// The advisory lock key of an identity: the first eight bytes of its digest.

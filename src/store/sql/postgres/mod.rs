@@ -80,6 +80,7 @@ use crate::store::{Begin, BeginRequest, CouplingMode, StoreError};
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/postgres/0001_create_records.sql");
 const MIGRATION_0002: &str = include_str!("../../../../migrations/postgres/0002_deployment_secret.sql");
+const MIGRATION_0003: &str = include_str!("../../../../migrations/postgres/0003_record_lifecycle.sql");
 
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
@@ -109,6 +110,22 @@ impl Dialect for Pg {
 
     fn millis_until(column: &str, now: &str) -> String {
         format!("(EXTRACT(EPOCH FROM ({column} - {now})) * 1000)::bigint")
+    }
+
+    fn epoch_ms(column: &str) -> String {
+        format!("(EXTRACT(EPOCH FROM {column}) * 1000)::bigint")
+    }
+
+    const LEAST: &'static str = "LEAST";
+
+    const MATERIALIZED: &'static str = " MATERIALIZED";
+
+    fn bigint(n: usize) -> String {
+        format!("${n}::bigint")
+    }
+
+    fn plus_ms(now: &str, ms: &str) -> String {
+        format!("{now} + ({ms}) * interval '1 millisecond'")
     }
 
     run_bound_statements!(Postgres);
@@ -158,7 +175,8 @@ impl PostgresStore {
     /// application's own sqlx migrations.
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         let (schema, table) = (&self.schema, &self.table);
-        let sql = [MIGRATION_0001, MIGRATION_0002].map(|sql| sql.replace("{schema}", schema).replace("{table}", table));
+        let sql = [MIGRATION_0001, MIGRATION_0002, MIGRATION_0003]
+            .map(|sql| sql.replace("{schema}", schema).replace("{table}", table));
         let mut migrator = migrator(sql, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
         migrator.run(&self.records.pool).await

@@ -118,6 +118,7 @@ mod gates;
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/sqlite/0001_create_records.sql");
 const MIGRATION_0002: &str = include_str!("../../../../migrations/sqlite/0002_deployment_secret.sql");
+const MIGRATION_0003: &str = include_str!("../../../../migrations/sqlite/0003_record_lifecycle.sql");
 
 /// The savepoint taken right after the claim, so a stored failure can roll the handler's
 /// writes back and keep the claim.
@@ -151,6 +152,16 @@ impl Dialect for Lite {
 
     fn millis_until(column: &str, now: &str) -> String {
         format!("{column} - {now}")
+    }
+
+    fn epoch_ms(column: &str) -> String {
+        column.into()
+    }
+
+    const LEAST: &'static str = "MIN";
+
+    fn plus_ms(now: &str, ms: &str) -> String {
+        format!("{now} + ({ms})")
     }
 
     /// A busy write lock means the write never ran.
@@ -197,7 +208,7 @@ impl SqliteStore {
     /// application's own sqlx migrations.
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         let table = &self.table;
-        let sql = [MIGRATION_0001, MIGRATION_0002].map(|sql| sql.replace("{table}", table));
+        let sql = [MIGRATION_0001, MIGRATION_0002, MIGRATION_0003].map(|sql| sql.replace("{table}", table));
         let migrator = migrator(sql, format!("\"_{table}_migrations\""));
         // sqlx takes no lock for SQLite migrations. Running the whole migrator inside one
         // write transaction makes concurrent migrate() calls (processes starting together)

@@ -12,15 +12,20 @@
 //! assert_eq!(store.len(), 0);
 //! ```
 
+mod admin;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::decide::{ABANDONED, Decision, EXPIRED, Found, decide, stored_outcome};
-use super::{Begin, BeginRequest, Claim, FinishError, NoHandle, Outcome, Retention, Store, StoreError};
+use super::{
+    Begin, BeginRequest, Claim, FinishError, NoHandle, Outcome, Renewal, Retention, StaleLeasePolicy, Store, StoreError,
+};
 use crate::key::RecordId;
 use crate::record::{Record, RecordState};
 
@@ -116,7 +121,8 @@ struct Entry {
     record: Record,
     token: u64,
     lease_until: Instant,
-    /// When a completed or failed record's response is dropped.
+    /// When the record expires into a tombstone (a finished record's response is dropped, an
+    /// unsettled record stops locking its key).
     response_until: Option<Instant>,
     /// When the tombstone is deleted.
     tombstone_until: Option<Instant>,
@@ -124,6 +130,23 @@ struct Entry {
     /// Closed (dropped) when the record leaves `processing` or its holder gives up:
     /// every waiter wakes and looks again.
     waiters: Option<watch::Sender<()>>,
+    /// What an operator sees of it.
+    labels: Labels,
+}
+
+/// What the admin operations read of an entry besides its record.
+#[derive(Clone)]
+struct Labels {
+    created: SystemTime,
+    updated: SystemTime,
+    operation: Option<Arc<str>>,
+    scope: Option<[u8; 32]>,
+    operation_id: [u8; 16],
+    /// The claim declared its route re-executable: a dead lease is released, not marked.
+    reexecutable: bool,
+    /// Reconciler looks so far, and when the next one is due.
+    attempts: u32,
+    recheck_at: Option<Instant>,
 }
 
 impl Entry {
@@ -131,12 +154,13 @@ impl Entry {
     fn age(&mut self, now: Instant) -> bool {
         if let Some(until) = self.response_until
             && now >= until
-            && matches!(self.record.state, RecordState::Completed | RecordState::Failed)
+            && self.record.state != RecordState::Expired
         {
             self.record.state = EXPIRED;
             self.record.response = None;
             self.response_until = None;
             self.tombstone_until = Some(until + self.retention.tombstone);
+            self.labels.updated = SystemTime::now();
         }
         !matches!(self.tombstone_until, Some(until) if now >= until)
     }
@@ -192,15 +216,26 @@ impl MemoryStore {
     }
 
     fn new_entry(&self, request: &BeginRequest<'_>, now: Instant, token: u64) -> Entry {
+        let created = SystemTime::now();
         Entry {
             record: Record::new(RecordState::Processing, *request.fingerprint),
             token,
             lease_until: now + request.lease,
-            response_until: None,
+            response_until: Some(now + request.retention.unsettled),
             tombstone_until: None,
             retention: request.retention,
             // Made when the first duplicate waits: most claims are never waited on.
             waiters: None,
+            labels: Labels {
+                created,
+                updated: created,
+                operation: super::admin::kept_operation(request.operation).map(Arc::from),
+                scope: request.scope.map(|scope| scope.digest()),
+                operation_id: request.id.operation_id_bytes(),
+                reexecutable: request.stale_lease == StaleLeasePolicy::Reexecute,
+                attempts: 0,
+                recheck_at: None,
+            },
         }
     }
 }
@@ -235,6 +270,7 @@ impl Store for MemoryStore {
                     Decision::Answer(_) => return Ok(Begin::Existing(entry.record.clone())),
                     Decision::MarkUnknown => {
                         entry.record.state = ABANDONED;
+                        entry.labels.updated = SystemTime::now();
                         entry.waiters = None;
                         return Ok(Begin::Existing(entry.record.clone()));
                     }
@@ -243,6 +279,7 @@ impl Store for MemoryStore {
                         entry.token = token;
                         entry.lease_until = now + request.lease;
                         entry.retention = request.retention;
+                        entry.labels.updated = SystemTime::now();
                         entry.waiters = None;
                         return Ok(Begin::Claimed(self.claim(&request, token)));
                     }
@@ -326,9 +363,25 @@ impl Claim for MemoryClaim {
         };
         entry.record.state = state;
         entry.record.response = Some(response);
-        entry.response_until = Some(now + entry.retention.response);
+        entry.response_until = Some(now + entry.retention.live_for(state));
+        entry.labels.updated = SystemTime::now();
         entry.waiters = None;
         Ok(())
+    }
+
+    fn renew(
+        &self,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<Renewal, StoreError>> + Send + 'static {
+        let mut records = self.store.lock();
+        let renewal = match records.get_mut(&self.id) {
+            Some(entry) if entry.token == self.token && entry.record.state == RecordState::Processing => {
+                entry.lease_until = Instant::now() + lease;
+                Renewal::Renewed
+            }
+            _ => Renewal::Lost,
+        };
+        std::future::ready(Ok(renewal))
     }
 }
 

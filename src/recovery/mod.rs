@@ -1,0 +1,379 @@
+//! Recovery: the [`RecoveryWorker`] an application spawns to settle what requests left behind,
+//! and the [`Reconciler`]s it asks, per operation, for evidence.
+//!
+//! One pass ([`RecoveryWorker::run_once`]), in bounded batches:
+//!
+//! 1. **Stale leases.** `processing` records whose lease ran out (their holder died: a crash,
+//!    a kill, a lost connection) become `unknown`, or are released when their claim declared
+//!    the route re-executable ([`StaleLeasePolicy::Reexecute`](crate::StaleLeasePolicy::Reexecute)).
+//! 2. **Reconciliation.** For every operation with a reconciler, the due `unknown` records,
+//!    oldest first, are given to it; it looks for evidence (the business table, the
+//!    downstream's status) and answers a [`Reconciliation`]. Each answer is a fenced,
+//!    state-checked settlement ([`Admin::settle`]): one that loses a race changes nothing. A
+//!    record still unknown is looked at again after its backoff, which doubles per look
+//!    ([`Backoff`]).
+//! 3. **Retention.** Records past their retention become tombstones and tombstones past theirs
+//!    are deleted ([`Store::purge`]).
+//!
+//! It reports what it did ([`RecoveryReport`]) and, with feature `metrics`, emits it through
+//! the `metrics` facade (names and labels are a published interface):
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `idempotency_recovery_total` | counter | `action`: `marked_unknown`, `reconciled`, `released`, `purged` |
+//! | `idempotency_records` | gauge | `state`: `processing`, `completed`, `failed`, `unknown`, `expired` |
+//! | `idempotency_oldest_unknown_seconds` | gauge | — (0 when there is none) |
+//!
+//! **Several instances at once.** Every step is safe to run from several processes over one
+//! store. PostgreSQL picks each batch `FOR UPDATE SKIP LOCKED`, so concurrent workers take
+//! disjoint batches; SQLite runs each batch as one write statement under its single write lock,
+//! so workers take turns. Handing a record to a reconciler pushes its next look back by its
+//! backoff in the same statement, so two workers do not ask about one record within it; and a
+//! settlement names the fencing token and the state it expects, so a record is never settled
+//! twice.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::recovery::{Reconciliation, RecoveryWorker};
+//! use tower_idempotency::MemoryStore;
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! let worker = RecoveryWorker::new(store)
+//!     .every(Duration::from_secs(60))
+//!     .reconciler("POST /charges", |record: tower_idempotency::store::RecordInfo| async move {
+//!         // Ask the payment provider about the charge keyed by this operation id ...
+//!         let _ = record.operation_id;
+//!         Reconciliation::StillUnknown
+//!     });
+//! let report = worker.run_once().await.unwrap();
+//! assert_eq!(report.marked_unknown, 0);
+//!
+//! // In a service: run it until shutdown.
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let task = tokio::spawn(worker.run(async { let _ = stopped.await; }));
+//! stop.send(()).unwrap();
+//! task.await.unwrap();
+//! # });
+//! ```
+
+#[cfg(feature = "metrics")]
+mod metrics;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::join;
+use crate::record::StoredResponse;
+use crate::store::{
+    Admin, Backoff, RecordInfo, Retention, SettleError, SettleRequest, Settlement, StateCounts, Store, StoreError,
+};
+
+/// The counter of what the worker did, labelled `action` (`marked_unknown`, `reconciled`,
+/// `released`, `purged`).
+pub const RECOVERY_TOTAL: &str = "idempotency_recovery_total";
+
+/// The gauge of records per state, labelled `state`, set from the store's counts after each pass.
+pub const RECORDS: &str = "idempotency_records";
+
+/// The gauge of the oldest `unknown` record's age in seconds (0 when there is none).
+pub const OLDEST_UNKNOWN_SECONDS: &str = "idempotency_oldest_unknown_seconds";
+
+/// A reconciler's answer about one `unknown` record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reconciliation {
+    /// The effect happened: the record becomes `completed` with this answer, replayed to
+    /// retries.
+    Completed(StoredResponse),
+    /// The effect was refused: the record becomes `failed` with this answer.
+    Failed(StoredResponse),
+    /// The effect surely did not happen (safe to run again): the record is released, and the
+    /// next retry executes.
+    NotExecuted,
+    /// No evidence either way (yet): asked again after the record's backoff.
+    StillUnknown,
+}
+
+/// Looks for the evidence of one operation's `unknown` records. Given the record (its identity,
+/// operation id, fencing token, age), it answers a [`Reconciliation`].
+///
+/// Any `Fn(RecordInfo) -> impl Future<Output = Reconciliation>` is one. A reconciler that
+/// cannot reach its evidence answers [`Reconciliation::StillUnknown`].
+pub trait Reconciler: Send + Sync + 'static {
+    /// Looks at `record`.
+    fn reconcile(&self, record: RecordInfo) -> Pin<Box<dyn Future<Output = Reconciliation> + Send + 'static>>;
+}
+
+impl<F, Fut> Reconciler for F
+where
+    F: Fn(RecordInfo) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reconciliation> + Send + 'static,
+{
+    fn reconcile(&self, record: RecordInfo) -> Pin<Box<dyn Future<Output = Reconciliation> + Send + 'static>> {
+        Box::pin(self(record))
+    }
+}
+
+/// What one or more passes of the worker did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecoveryReport {
+    /// Stale `processing` records turned `unknown`.
+    pub marked_unknown: usize,
+    /// Records released: stale leases of re-executable routes, and `unknown` records a
+    /// reconciler found not executed.
+    pub released: usize,
+    /// `unknown` records a reconciler settled as `completed` or `failed`.
+    pub reconciled: usize,
+    /// `unknown` records a reconciler could not decide (or that did not answer in time).
+    pub still_unknown: usize,
+    /// Settlements that lost a race (the record moved on meanwhile): nothing changed.
+    pub superseded: usize,
+    /// Records turned into tombstones or deleted past their retention.
+    pub purged: usize,
+    /// The store's counts after the pass (of the last pass, for a sum of passes).
+    pub counts: Option<StateCounts>,
+}
+
+impl RecoveryReport {
+    fn add(&mut self, other: &RecoveryReport) {
+        self.marked_unknown += other.marked_unknown;
+        self.released += other.released;
+        self.reconciled += other.reconciled;
+        self.still_unknown += other.still_unknown;
+        self.superseded += other.superseded;
+        self.purged += other.purged;
+        self.counts = other.counts.or(self.counts);
+    }
+}
+
+/// The task that recovers stale leases, reconciles `unknown` records and purges past retention.
+/// See the [module docs](self).
+pub struct RecoveryWorker<St> {
+    store: St,
+    reconcilers: Vec<(Arc<str>, Arc<dyn Reconciler>)>,
+    batch: usize,
+    every: Duration,
+    backoff: Backoff,
+    retention: Retention,
+    reconcile_timeout: Duration,
+    concurrency: usize,
+}
+
+impl<St: std::fmt::Debug> std::fmt::Debug for RecoveryWorker<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let operations: Vec<&str> = self.reconcilers.iter().map(|(op, _)| &**op).collect();
+        f.debug_struct("RecoveryWorker")
+            .field("store", &self.store)
+            .field("reconcilers", &operations)
+            .field("batch", &self.batch)
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store + Admin> RecoveryWorker<St> {
+    /// A worker over `store`: batches of 500, a pass every 60 s, no reconcilers, reconciler
+    /// backoff from 30 s to 1 h, settled answers kept for the default retention.
+    pub fn new(store: St) -> Self {
+        Self {
+            store,
+            reconcilers: Vec::new(),
+            batch: 500,
+            every: Duration::from_secs(60),
+            backoff: Backoff::default(),
+            retention: Retention::default(),
+            reconcile_timeout: Duration::from_secs(30),
+            concurrency: 8,
+        }
+    }
+
+    /// Registers `reconciler` for the `unknown` records of `operation` (the route identity the
+    /// layer names records with: the explicit operation name, else method and route template).
+    /// A second reconciler for the same operation replaces the first.
+    pub fn reconciler(mut self, operation: impl Into<Arc<str>>, reconciler: impl Reconciler) -> Self {
+        let operation = operation.into();
+        self.reconcilers.retain(|(op, _)| *op != operation);
+        self.reconcilers.push((operation, Arc::new(reconciler)));
+        self
+    }
+
+    /// How many records one store call handles at most (default 500; at least 1).
+    pub fn batch(mut self, records: usize) -> Self {
+        self.batch = records.max(1);
+        self
+    }
+
+    /// How often [`run`](Self::run) makes a pass (default 60 s).
+    pub fn every(mut self, interval: Duration) -> Self {
+        self.every = interval;
+        self
+    }
+
+    /// The backoff between two looks at one `unknown` record (default 30 s doubling to 1 h).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How long a reconciled answer is replayed, and its tombstone kept (default: the default
+    /// [`Retention`]). Give the routes' own retention.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long one reconciler call may take (default 30 s); one that takes longer counts as
+    /// still unknown.
+    pub fn reconcile_timeout(mut self, timeout: Duration) -> Self {
+        self.reconcile_timeout = timeout;
+        self
+    }
+
+    /// How many reconciler calls run at once (default 8; at least 1).
+    pub fn concurrency(mut self, calls: usize) -> Self {
+        self.concurrency = calls.max(1);
+        self
+    }
+
+    /// The store the worker recovers.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+
+    /// One pass: stale leases, reconciliation, purge, each in batches until it runs dry; then
+    /// the store's counts. Stops at the first store error (the next pass starts over; every
+    /// step is safe to repeat).
+    pub async fn run_once(&self) -> Result<RecoveryReport, StoreError> {
+        let mut report = RecoveryReport::default();
+        loop {
+            let sweep = self.store.sweep_leases(self.batch).await?;
+            report.marked_unknown += sweep.marked_unknown;
+            report.released += sweep.released;
+            emit_actions(&[("marked_unknown", sweep.marked_unknown), ("released", sweep.released)]);
+            if sweep.marked_unknown + sweep.released < self.batch {
+                break;
+            }
+        }
+        for (operation, reconciler) in &self.reconcilers {
+            loop {
+                let due = self.store.checkout_unknown(operation, self.batch, self.backoff).await?;
+                let taken = due.len();
+                self.reconcile(reconciler, due, &mut report).await?;
+                if taken < self.batch {
+                    break;
+                }
+            }
+        }
+        loop {
+            let purged = self.store.purge(self.batch).await?;
+            report.purged += purged;
+            emit_actions(&[("purged", purged)]);
+            if purged < self.batch {
+                break;
+            }
+        }
+        let counts = self.store.counts().await?;
+        emit_counts(&counts);
+        report.counts = Some(counts);
+        Ok(report)
+    }
+
+    /// Passes every [`every`](Self::every) until `shutdown` resolves (between store calls: the
+    /// pass in progress stops at once, and every step it left is safe to repeat). A pass that
+    /// fails is logged and the next one tried. Returns the sum of what the passes did.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> RecoveryReport {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut total = RecoveryReport::default();
+        loop {
+            let pass = std::pin::pin!(self.run_once());
+            match join::first(shutdown.as_mut(), pass).await {
+                join::Either::Left(()) => return total,
+                join::Either::Right(Ok(report)) => {
+                    tracing::debug!(?report, "idempotency: recovery pass");
+                    total.add(&report);
+                }
+                join::Either::Right(Err(error)) => {
+                    tracing::warn!(%error, "idempotency: a recovery pass failed; trying again at the next");
+                }
+            }
+            let pause = std::pin::pin!(tokio::time::sleep(self.every));
+            if let join::Either::Left(()) = join::first(shutdown.as_mut(), pause).await {
+                return total;
+            }
+        }
+    }
+
+    /// Asks `reconciler` about `due`, a few at a time, and settles what it finds.
+    async fn reconcile(
+        &self,
+        reconciler: &Arc<dyn Reconciler>,
+        due: Vec<RecordInfo>,
+        report: &mut RecoveryReport,
+    ) -> Result<(), StoreError> {
+        let mut due = due.into_iter().peekable();
+        while due.peek().is_some() {
+            let calls: Vec<_> =
+                due.by_ref().take(self.concurrency).map(|record| self.settle_one(reconciler, record)).collect();
+            for settled in join::all(calls).await {
+                match settled? {
+                    Settled::Reconciled => report.reconciled += 1,
+                    Settled::Released => report.released += 1,
+                    Settled::StillUnknown => report.still_unknown += 1,
+                    Settled::Superseded => report.superseded += 1,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks about one record and settles it, fenced by the token it was asked about with.
+    async fn settle_one(&self, reconciler: &Arc<dyn Reconciler>, record: RecordInfo) -> Result<Settled, StoreError> {
+        let (id, token) = (record.id, record.fencing_token);
+        let answer = tokio::time::timeout(self.reconcile_timeout, reconciler.reconcile(record))
+            .await
+            .unwrap_or(Reconciliation::StillUnknown);
+        let (settlement, done) = match answer {
+            Reconciliation::StillUnknown => return Ok(Settled::StillUnknown),
+            Reconciliation::Completed(response) => (Settlement::Completed(response), Settled::Reconciled),
+            Reconciliation::Failed(response) => (Settlement::Failed(response), Settled::Reconciled),
+            Reconciliation::NotExecuted => (Settlement::NotExecuted, Settled::Released),
+        };
+        let request = SettleRequest::new(&id, settlement).fenced(token).retention(self.retention);
+        match self.store.settle(request).await {
+            Ok(()) => {
+                emit_actions(&[(if done == Settled::Released { "released" } else { "reconciled" }, 1)]);
+                Ok(done)
+            }
+            Err(SettleError::Store(error)) => Err(error),
+            Err(_) => Ok(Settled::Superseded),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    Reconciled,
+    Released,
+    StillUnknown,
+    Superseded,
+}
+
+/// Counts recovery actions (feature `metrics`; nothing otherwise).
+fn emit_actions(actions: &[(&'static str, usize)]) {
+    #[cfg(feature = "metrics")]
+    metrics::actions(actions);
+    #[cfg(not(feature = "metrics"))]
+    let _ = actions;
+}
+
+/// Sets the record gauges (feature `metrics`; nothing otherwise).
+fn emit_counts(counts: &StateCounts) {
+    #[cfg(feature = "metrics")]
+    metrics::counts(counts);
+    #[cfg(not(feature = "metrics"))]
+    let _ = counts;
+}
