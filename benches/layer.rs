@@ -4,9 +4,14 @@
 //! Three measurements of the same request shape:
 //! - `bare`: the handler alone;
 //! - `layer/new_key`: through the layer, a fresh key every time (claim, execute, store);
-//! - `layer/replay`: through the layer, the same key every time (answered from the store).
+//! - `layer/replay`: through the layer, the same key every time (answered from the store);
+//! - with the `metrics` feature, `layer/new_key/recorder` and `layer/replay/recorder`: the same,
+//!   with a Prometheus recorder (`metrics-exporter-prometheus`) installed, so every metric the
+//!   layer emits is recorded. `(recorder - layer) / (layer - bare)` is the metrics' share of the
+//!   layer's own overhead.
 //!
-//! Run with `cargo bench --bench layer`; the ratios are what matters on a shared machine.
+//! Run with `cargo bench --bench layer` (and `--features metrics` for the recorder's cost);
+//! the ratios are what matters on a shared machine.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,42 +80,78 @@ fn layer_cost(c: &mut Criterion) {
     // A fresh store every 50 000 requests, built and dropped outside the timed part: the cost
     // measured is the layer's with a store of realistic size, not the rehashing and freeing of
     // a map that grows to millions of records during the benchmark.
-    group.bench_function("layer/new_key", |b| {
-        b.to_async(&runtime).iter_custom(|iters| {
-            let (body, counter) = (&body, &counter);
-            async move {
-                let mut elapsed = std::time::Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let chunk = left.min(50_000);
-                    left -= chunk;
-                    let store = MemoryStore::new();
-                    let fresh = IdempotencyLayer::new(store).shared_scope("bench").layer(tower::service_fn(handler));
-                    let started = std::time::Instant::now();
-                    for _ in 0..chunk {
-                        let key = format!("key-{}", counter.fetch_add(1, Ordering::Relaxed));
-                        std::hint::black_box(
-                            drain(fresh.clone().oneshot(request(&key, body)).await.expect("layer")).await,
-                        );
-                    }
-                    elapsed += started.elapsed();
+    group.bench_function("layer/new_key", |b| new_keys(b, &runtime, &body, &counter, || {}));
+    #[cfg(feature = "metrics")]
+    {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        group.bench_function("layer/new_key/recorder", |b| {
+            new_keys(b, &runtime, &body, &counter, || handle.run_upkeep())
+        });
+        let guarded = IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(handler));
+        replays(&mut group, "layer/replay/recorder", &runtime, &guarded, &body);
+        handle.run_upkeep();
+        assert!(handle.render().contains("idempotency_requests_total"), "the recorder saw the layer's metrics");
+    }
+    replays(&mut group, "layer/replay", &runtime, &guarded, &body);
+    group.finish();
+}
+
+/// Fresh keys through the layer, `between` run after each chunk, outside the timed part.
+fn new_keys(
+    b: &mut criterion::Bencher<'_>,
+    runtime: &tokio::runtime::Runtime,
+    body: &Bytes,
+    counter: &AtomicU64,
+    between: impl Fn(),
+) {
+    b.to_async(runtime).iter_custom(|iters| {
+        let between = &between;
+        async move {
+            let mut elapsed = std::time::Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let chunk = left.min(50_000);
+                left -= chunk;
+                let store = MemoryStore::new();
+                let fresh = IdempotencyLayer::new(store).shared_scope("bench").layer(tower::service_fn(handler));
+                let started = std::time::Instant::now();
+                for _ in 0..chunk {
+                    let key = format!("key-{}", counter.fetch_add(1, Ordering::Relaxed));
+                    std::hint::black_box(drain(fresh.clone().oneshot(request(&key, body)).await.expect("layer")).await);
                 }
-                elapsed
+                elapsed += started.elapsed();
+                between();
             }
-        })
-    });
+            elapsed
+        }
+    })
+}
+
+/// The same key every time through `guarded`: replays.
+fn replays<S>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    runtime: &tokio::runtime::Runtime,
+    guarded: &S,
+    body: &Bytes,
+) where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<tower_idempotency::IdempotencyBody<Full<Bytes>>>>
+        + Clone,
+    S::Error: std::fmt::Debug,
+{
     runtime.block_on(async {
-        let first = guarded.clone().oneshot(request("replayed-key", &body)).await.expect("first");
+        let first = guarded.clone().oneshot(request("replayed-key", body)).await.expect("first");
         assert_eq!(first.status(), StatusCode::CREATED);
     });
-    group.bench_function("layer/replay", |b| {
-        b.to_async(&runtime).iter(|| async {
-            let response = guarded.clone().oneshot(request("replayed-key", &body)).await.expect("replay");
+    group.bench_function(name, |b| {
+        b.to_async(runtime).iter(|| async {
+            let response = guarded.clone().oneshot(request("replayed-key", body)).await.expect("replay");
             debug_assert_eq!(response.headers()["idempotent-replayed"], "true");
             drain(response).await
         })
     });
-    group.finish();
 }
 
 criterion_group!(benches, layer_cost);

@@ -1,7 +1,6 @@
 //! The layer's settings, shared by every clone of the layer and its services.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use http::request::Parts;
@@ -15,7 +14,9 @@ use crate::protocol::Protocols;
 #[cfg(feature = "tonic")]
 use crate::protocol::grpc::{GrpcClassifier, GrpcRules};
 use crate::protocol::http::HttpRules;
+use crate::rollout::RolloutSwitch;
 use crate::store::{Retention, StaleLeasePolicy};
+use crate::telemetry::Telemetry;
 
 /// The application's scope function.
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
@@ -67,6 +68,8 @@ pub(crate) struct Config {
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) problem_type_base: Arc<str>,
     pub(crate) rollout: RolloutSwitch,
+    /// The layer's metric handles, shared by its clones.
+    pub(crate) telemetry: Arc<Telemetry>,
     /// The gRPC method paths guarded (`/package.Service/Method`); other gRPC calls pass through.
     #[cfg(feature = "tonic")]
     pub(crate) grpc_methods: Vec<Arc<str>>,
@@ -99,6 +102,7 @@ impl Default for Config {
             stored_headers: Vec::new(),
             problem_type_base: Arc::from("urn:tower-idempotency:problem:"),
             rollout: RolloutSwitch::default(),
+            telemetry: Arc::default(),
             #[cfg(feature = "tonic")]
             grpc_methods: Vec::new(),
             #[cfg(feature = "tonic")]
@@ -130,52 +134,5 @@ impl Config {
             #[cfg(feature = "tonic")]
             grpc,
         )
-    }
-}
-
-/// How the layer treats guarded requests, switchable at run time through a [`RolloutSwitch`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RolloutMode {
-    /// Keep the contract: claim, replay, refuse.
-    Enforce,
-    /// The kill switch: every request passes straight through, as if the layer were absent.
-    Off,
-}
-
-/// A shared, run-time switch of the [`RolloutMode`]. Clones share one setting, so an admin
-/// endpoint or a config watcher can turn the layer off without a restart.
-///
-/// ```
-/// use tower_idempotency::{IdempotencyLayer, MemoryStore, RolloutMode, RolloutSwitch};
-/// let switch = RolloutSwitch::new(RolloutMode::Enforce);
-/// let layer = IdempotencyLayer::new(MemoryStore::new()).rollout(switch.clone());
-/// switch.set(RolloutMode::Off); // every request now passes through untouched
-/// assert_eq!(switch.get(), RolloutMode::Off);
-/// # drop(layer);
-/// ```
-#[derive(Debug, Clone)]
-pub struct RolloutSwitch(Arc<AtomicU8>);
-
-impl RolloutSwitch {
-    /// A switch set to `mode`.
-    pub fn new(mode: RolloutMode) -> Self {
-        Self(Arc::new(AtomicU8::new(mode as u8)))
-    }
-
-    /// Changes the mode for every service sharing this switch.
-    pub fn set(&self, mode: RolloutMode) {
-        self.0.store(mode as u8, Ordering::Relaxed);
-    }
-
-    /// The current mode.
-    pub fn get(&self) -> RolloutMode {
-        if self.0.load(Ordering::Relaxed) == RolloutMode::Off as u8 { RolloutMode::Off } else { RolloutMode::Enforce }
-    }
-}
-
-impl Default for RolloutSwitch {
-    fn default() -> Self {
-        Self::new(RolloutMode::Enforce)
     }
 }

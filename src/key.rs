@@ -265,6 +265,13 @@ impl RecordId {
         format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
     }
 
+    /// The identity under which shadow mode records this request: a one-way derivation of
+    /// this digest, never equal to any enforced identity's, so enforce mode never replays what
+    /// shadow mode saw (see [`rollout`](crate::rollout)).
+    pub fn shadow(&self) -> RecordId {
+        RecordId(derive(b"shadow-record", &self.0, b""))
+    }
+
     /// The 16 bytes of [`operation_id`](Self::operation_id), as the stores keep them.
     pub(crate) fn operation_id_bytes(&self) -> [u8; 16] {
         let derived = derive(b"operation-id", &self.0, b"");

@@ -8,10 +8,11 @@ use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
 use crate::budget::BufferBudget;
-use crate::config::{Config, RolloutSwitch, ScopeSource};
+use crate::config::{Config, ScopeSource};
 use crate::fingerprint::FingerprintSpec;
 use crate::key::Scope;
 use crate::outcome::OutcomeClass;
+use crate::rollout::RolloutSwitch;
 use crate::service::IdempotencyService;
 use crate::store::{Retention, StaleLeasePolicy, Store};
 

@@ -85,6 +85,13 @@
 //! - A reconciler that does not answer within `RecoveryWorker::reconcile_timeout` (30 s) counts
 //!   as "still unknown"; the record is asked about again after its backoff.
 //!
+//! ## Rolling out and operating
+//!
+//! A [`RolloutSwitch`] turns the layer to `Enforce`, `Shadow` or `Off` at run time, and a
+//! [`Cohort`] enforces some tenants only; in `Shadow` and `Off` handlers take the old path and
+//! still get their transaction (see [`rollout`]). What the layer reports (metrics, the
+//! `idempotency` span) is in [`telemetry`].
+//!
 //! ## Stores and coupling modes
 //!
 //! | store | feature | modes |
@@ -138,8 +145,10 @@
 //! - `client`: the client half, `client::IdempotentRetryLayer` (and, with `tonic`,
 //!   `client::GrpcIdempotentRetryLayer`): retries that keep their key, for hyper-style HTTP
 //!   clients and tonic channels.
-//! - `metrics`: counters through the `metrics` facade (today the client layers' attempts,
-//!   retries and give-ups).
+//! - `metrics`: metrics through the `metrics` facade: the layer's (requests by result, shadow
+//!   counts, its own latency, store calls, stored sizes, the fast path's events; see
+//!   [`telemetry`]), the recovery worker's (see [`recovery`]), the outbox relay's, and the client
+//!   layers' attempts, retries and give-ups.
 //! - `outbox`: `outbox`, a transactional outbox for the SQL stores (events enqueued through the
 //!   request's `TxHandle`, a relay with leases, backoff and a deadline), a Standard Webhooks
 //!   sender over hyper-util's client, and the signature check for receivers that deduplicate
@@ -179,6 +188,7 @@ mod join;
 pub mod key;
 mod layer;
 mod name;
+mod old_path;
 #[cfg(feature = "outbox")]
 #[cfg_attr(docsrs, doc(cfg(feature = "outbox")))]
 pub mod outbox;
@@ -187,14 +197,16 @@ pub mod problem;
 mod protocol;
 pub mod record;
 pub mod recovery;
+pub mod rollout;
 mod service;
+mod shadow;
 pub mod store;
+pub mod telemetry;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use body::IdempotencyBody;
 pub use budget::BufferBudget;
-pub use config::{RolloutMode, RolloutSwitch};
 pub use context::IdempotencyContext;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -207,6 +219,7 @@ pub use name::InvalidName;
 pub use outcome::OutcomeClass;
 pub use record::{Record, RecordState, StoredResponse};
 pub use recovery::{Reconciliation, RecoveryReport, RecoveryWorker};
+pub use rollout::{Cohort, RolloutMode, RolloutSwitch};
 pub use service::IdempotencyService;
 pub use service::REPLAYED_HEADER;
 pub use store::StaleLeasePolicy;
@@ -220,7 +233,7 @@ pub use store::sql::tx;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::sqlite::SqliteStore;
-pub use store::{Admin, Begin, BeginRequest, Claim, CouplingMode, Outcome, Retention, Store};
+pub use store::{Admin, Begin, BeginRequest, Claim, CouplingMode, Outcome, PlainTransaction, Retention, Store};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub use tx::TxHandle;

@@ -9,22 +9,26 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use tower_service::Service;
+use tracing::Instrument;
 
 use crate::BoxError;
 use crate::body::IdempotencyBody;
 use crate::budget::Reservation;
 use crate::buffer::{self, ReadError};
-use crate::config::{Config, RolloutMode};
+use crate::config::Config;
 use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
 use crate::future::ResponseFuture;
 use crate::heartbeat;
-use crate::key::RecordId;
+use crate::key::{IdempotencyKey, RecordId, Scope};
 use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
 use crate::protocol::{Classified, Protocol, Protocols, UnnamedGrpc};
 use crate::record::{Record, RecordState, StoredResponse};
+use crate::rollout::RolloutMode;
 use crate::store::{Begin, BeginRequest, Claim, FinishError, Outcome, Store, StoreError};
+use crate::telemetry::{OperationMetrics, RequestResult, StoreStep, Timer};
+use crate::{old_path, shadow};
 
 /// The header that marks a replayed answer.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -121,29 +125,48 @@ impl<S, St> IdempotencyService<S, St> {
         ResBody: Body<Data = Bytes> + Send + 'static,
         ResBody::Error: Into<BoxError>,
     {
-        let protocol = match self.config.rollout.get() {
-            RolloutMode::Enforce => self.protocols.guard(&request, unnamed_grpc),
-            _ => None,
-        };
-        let Some(protocol) = protocol else {
+        let Some(protocol) = self.protocols.guard(&request, unnamed_grpc) else {
             return ResponseFuture::passthrough(self.inner.call(request));
         };
         // The service that was made ready goes into the future; a fresh clone stays behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let guarded = guard(inner, self.store.clone(), self.config.clone(), protocol, request, rebuild);
-        ResponseFuture::guarded(Box::pin(guarded))
+        let span = tracing::info_span!(
+            "idempotency",
+            operation = tracing::field::Empty,
+            mode = tracing::field::Empty,
+            record = tracing::field::Empty,
+            result = tracing::field::Empty,
+            replayed = tracing::field::Empty,
+            fencing_token = tracing::field::Empty,
+        );
+        let guarded = guard(inner, self.store.clone(), self.config.clone(), protocol, request, rebuild, span.clone());
+        ResponseFuture::guarded(Box::pin(guarded.instrument(span)))
     }
 }
 
-/// The guarded path of one request.
+/// What one guarded request brings along the path.
+pub(crate) struct Guarded<S, St> {
+    pub(crate) inner: S,
+    pub(crate) store: St,
+    pub(crate) config: Arc<Config>,
+    pub(crate) protocol: Protocol,
+    pub(crate) operation: Arc<str>,
+    pub(crate) metrics: OperationMetrics,
+    /// The request's `idempotency` span, whose fields the path fills in.
+    pub(crate) span: tracing::Span,
+}
+
+/// The guarded path of one request: its mode (from the rollout switch and the request's
+/// scope), then the enforced path, the shadow path or the old path.
 async fn guard<S, St, ReqBody, ResBody>(
-    mut inner: S,
+    inner: S,
     store: St,
     config: Arc<Config>,
     protocol: Protocol,
     request: Request<ReqBody>,
     rebuild: fn(Bytes) -> ReqBody,
+    span: tracing::Span,
 ) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -153,28 +176,88 @@ where
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Into<BoxError>,
 {
-    let refuse = |problem: Problem| Ok(protocol.refuse(problem));
+    let mut timer = Timer::start();
+    let (parts, body) = request.into_parts();
+    let operation = protocol.operation(&parts);
+    span.record("operation", &*operation);
+    let key = protocol.read_key(&parts.headers);
+    let scope = config.scope.scope(&parts);
+    let mode = config.rollout.mode_for(scope.as_ref());
+    span.record("mode", mode.as_str());
+    let metrics = config.telemetry.operation(&operation);
+    let mut guarded = Guarded { inner, store, config, protocol, operation, metrics, span: span.clone() };
+    match mode {
+        RolloutMode::Enforce => {
+            let (answer, result) = enforce(&mut guarded, &mut timer, parts, body, key, scope, rebuild).await;
+            if let Some(result) = result {
+                guarded.metrics.request(result);
+                guarded.metrics.overhead(timer.overhead());
+                span.record("result", result.as_str());
+                span.record("replayed", result == RequestResult::Replayed);
+            }
+            answer
+        }
+        RolloutMode::Shadow => shadow::shadow(guarded, parts, body, key, scope, rebuild).await,
+        _ => {
+            let context = match (key, scope) {
+                (Ok(Some(key)), Some(scope)) => {
+                    let id = RecordId::new(&scope, &guarded.operation, &key);
+                    Some(IdempotencyContext::new(id, guarded.operation.clone(), None))
+                }
+                _ => None,
+            };
+            old_path::old_path(&mut guarded, Request::from_parts(parts, body), context).await.map(|(answer, ..)| answer)
+        }
+    }
+}
+
+/// The answer of the enforced path, and what became of the request (`None`: it passed through
+/// unguarded).
+type Enforced<B, E> = (Result<Response<IdempotencyBody<B>>, E>, Option<RequestResult>);
+
+/// The enforced path of one request: the contract.
+async fn enforce<S, St, ReqBody, ResBody>(
+    guarded: &mut Guarded<S, St>,
+    timer: &mut Timer,
+    mut parts: http::request::Parts,
+    body: ReqBody,
+    key: Result<Option<IdempotencyKey>, Problem>,
+    scope: Option<Scope>,
+    rebuild: fn(Bytes) -> ReqBody,
+) -> Enforced<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store,
+    ReqBody: Body,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let Guarded { inner, store, config, protocol, operation, metrics, span } = guarded;
+    let refuse = |problem: Problem| {
+        let result = RequestResult::of_problem(problem.code());
+        (Ok(protocol.refuse(problem)), Some(result))
+    };
 
     // 1. Key, scope and operation.
-    let key = match protocol.read_key(request.headers()) {
+    let key = match key {
         Ok(Some(key)) => key,
         Ok(None) if !config.key_required => {
-            let response = inner.call(request).await?;
-            return Ok(response.map(IdempotencyBody::inner));
+            let response = inner.call(Request::from_parts(parts, body)).await;
+            return (response.map(|response| response.map(IdempotencyBody::inner)), None);
         }
         Ok(None) => return refuse(protocol.key_missing()),
         Err(problem) => return refuse(problem),
     };
-    let (mut parts, body) = request.into_parts();
-    let Some(scope) = config.scope.scope(&parts) else {
+    let Some(scope) = scope else {
         return refuse(Problem::new(ProblemCode::ScopeMissing, "the request has no authenticated scope"));
     };
-    let operation = protocol.operation(&parts);
-    let id = RecordId::new(&scope, &operation, &key);
+    let id = RecordId::new(&scope, operation, &key);
+    span.record("record", tracing::field::display(&id));
 
     // 2. Buffer the body within the limit, the budget and the deadline, and fingerprint the
     //    request. The reservation is held until the handler has answered.
-    let (body, reservation) = match buffer_request_body(&parts.headers, body, &config).await {
+    let (body, reservation) = match buffer_request_body(&parts.headers, body, config).await {
         Ok(buffered) => buffered,
         Err(problem) => return refuse(problem),
     };
@@ -182,12 +265,15 @@ where
 
     // 3. Claim the identity, or answer from what is already there.
     let begin = BeginRequest::new(&id, &fingerprint)
-        .labels(&scope, &operation)
+        .labels(&scope, operation)
         .wait(config.in_flight_wait)
         .lease(config.lease)
         .stale_lease(config.stale_lease)
         .retention(config.retention);
-    let claim = match store.begin(begin).await {
+    let began = timer.now();
+    let begun = store.begin(begin).await;
+    metrics.store(StoreStep::Begin, Timer::since(began));
+    let claim = match begun {
         Ok(Begin::Claimed(claim)) => claim,
         Ok(Begin::Existing(record)) => {
             let same = same_request(&record.fingerprint, &fingerprint, |version| {
@@ -200,7 +286,8 @@ where
                     &config.fingerprint,
                 )
             });
-            return Ok(answer_existing(&config, &protocol, &id, same, record));
+            let (response, result) = answer_existing(config, protocol, &id, same, record);
+            return (Ok(response), Some(result));
         }
         Ok(Begin::InFlight { retry_after }) => {
             tracing::debug!(record = %id, "idempotency: duplicate still in flight after the bounded wait");
@@ -212,34 +299,45 @@ where
                 .retry_after(retry_after.max(config.retry_after)),
             );
         }
-        Err(error) => return refuse(store_unavailable(&config, &id, &error)),
+        Err(error) => return refuse(store_unavailable(config, &id, &error)),
     };
 
     // 4. Run the handler with the context and the claim's handle, renewing a leased claim's
     //    lease beside it.
+    let fencing_token = claim.fencing_token();
+    if let Some(token) = fencing_token {
+        span.record("fencing_token", token);
+    }
     let lease_signal = heartbeat::signal(&claim, config.heartbeat);
     let (beat, lease_lost) = lease_signal.map_or((None, None), |(beat, lost)| (Some(beat), Some(lost)));
-    parts.extensions.insert(IdempotencyContext::with_lease_signal(id, operation, claim.fencing_token(), lease_lost));
+    parts.extensions.insert(IdempotencyContext::with_lease_signal(id, operation.clone(), fencing_token, lease_lost));
     if let Some(handle) = claim.handle() {
         parts.extensions.insert(handle);
     }
+    let called = timer.now();
     let handler = inner.call(Request::from_parts(parts, rebuild(body)));
     let (claim, response) = heartbeat::beside(claim, config.lease, beat, handler).await;
+    timer.inner_took(Timer::since(called));
     drop(reservation);
-    let response = response?;
+    let response = match response {
+        Ok(response) => response,
+        // The claim is dropped unfinished: rolled back, or left to the stale-lease policy.
+        Err(error) => return (Err(error), Some(RequestResult::Released)),
+    };
 
     // 5. Classify the response (from its head, or else from its trailers once it is read),
     //    store it with the claim, and answer only once it is settled.
     let (response_parts, response_body) = response.into_parts();
     let classified = protocol.classify(&response_parts);
     if let Classified::Ready(OutcomeClass::Release) = classified {
-        release(claim, &id).await;
-        return Ok(Response::from_parts(response_parts, IdempotencyBody::inner(response_body)));
+        release(claim, &id, metrics, timer).await;
+        let response = Response::from_parts(response_parts, IdempotencyBody::inner(response_body));
+        return (Ok(response), Some(RequestResult::Released));
     }
     let (body, trailers) = match buffer::read_to_end(response_body, config.max_response_body).await {
         Ok(read) => read,
         Err(error) => {
-            release(claim, &id).await;
+            release(claim, &id, metrics, timer).await;
             return refuse(if error == ReadError::TooLarge {
                 Problem::new(
                     ProblemCode::ResponseTooLarge,
@@ -252,34 +350,44 @@ where
     };
     let class = classified.with_trailers(trailers.as_ref());
     if class == OutcomeClass::Release {
-        release(claim, &id).await;
-        return Ok(Response::from_parts(response_parts, IdempotencyBody::buffered(body, trailers)));
+        release(claim, &id, metrics, timer).await;
+        let response = Response::from_parts(response_parts, IdempotencyBody::buffered(body, trailers));
+        return (Ok(response), Some(RequestResult::Released));
     }
     let stored = protocol.stored_response(&response_parts, body.clone(), trailers.as_ref());
+    let stored_bytes = stored.body.len();
     let outcome = match class {
         OutcomeClass::Reject => Outcome::Reject(stored),
         OutcomeClass::Unknown => Outcome::Unknown(stored),
         _ => Outcome::Complete(stored),
     };
-    match claim.finish(outcome).await {
-        Ok(()) => Ok(Response::from_parts(response_parts, IdempotencyBody::buffered(body, trailers))),
-        Err(error) => refuse(finish_problem(&config, &id, &error)),
+    let finishing = timer.now();
+    let finished = claim.finish(outcome).await;
+    metrics.store(StoreStep::Finish, Timer::since(finishing));
+    match finished {
+        Ok(()) => {
+            metrics.stored_bytes(stored_bytes);
+            let response = Response::from_parts(response_parts, IdempotencyBody::buffered(body, trailers));
+            (Ok(response), Some(RequestResult::Executed))
+        }
+        Err(error) => refuse(finish_problem(config, &id, &error)),
     }
 }
 
 /// Gives the claim up: nothing is stored, and the next attempt executes afresh.
-async fn release<C: Claim>(claim: C, id: &RecordId) {
-    if let Err(error) = claim.finish(Outcome::Release).await {
+async fn release<C: Claim>(claim: C, id: &RecordId, metrics: &OperationMetrics, timer: &Timer) {
+    let releasing = timer.now();
+    let released = claim.finish(Outcome::Release).await;
+    metrics.store(StoreStep::Finish, Timer::since(releasing));
+    if let Err(error) = released {
         tracing::warn!(record = %id, %error, "idempotency: releasing the claim failed");
     }
 }
 
 /// Buffers the request body: refused before it is read when its `Content-Length` is over the
-/// limit or does not fit the buffer budget; without one, charged chunk by chunk and refused
-/// when the budget cannot take the next (see [`BufferBudget`](crate::BufferBudget)); never
-/// buffered past its declared length; refused when it is not complete within the body
-/// deadline. Returns the body and its reservation, cut down to the body's length.
-async fn buffer_request_body<B>(
+/// limit or does not fit the buffer budget ([`admit_request_body`]); then read by
+/// [`read_request_body`]. Returns the body and its reservation, cut down to the body's length.
+pub(crate) async fn buffer_request_body<B>(
     headers: &http::HeaderMap,
     body: B,
     config: &Config,
@@ -288,29 +396,63 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
+    let admitted = admit_request_body(headers, config)?;
+    read_request_body(body, admitted, config).await
+}
+
+/// A body admitted to be read: its reservation in the buffer budget, the most that is read,
+/// and its declared length.
+pub(crate) struct Admitted {
+    reservation: Reservation,
+    read_limit: usize,
+    declared: Option<u64>,
+}
+
+/// Admits a request body before anything of it is read: refused when its `Content-Length` is
+/// over the limit or does not fit the buffer budget (see [`BufferBudget`](crate::BufferBudget)).
+pub(crate) fn admit_request_body(headers: &http::HeaderMap, config: &Config) -> Result<Admitted, Problem> {
     let limit = config.max_request_body;
-    let too_large =
-        || Problem::new(ProblemCode::BodyTooLarge, format!("the request body is larger than {limit} bytes"));
     let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let (charge, read_limit) = match declared {
-        Some(length) if length > limit as u64 => return Err(too_large()),
+        Some(length) if length > limit as u64 => return Err(body_too_large(limit)),
         // At most `limit`, which is a `usize`.
         Some(length) => (length as usize, length as usize),
         None => (0, limit),
     };
-    let budget_spent = || {
-        tracing::warn!("idempotency: request refused, the buffer budget is spent");
-        Problem::new(ProblemCode::BufferBudgetExhausted, "the server is buffering too many request bodies; retry later")
-            .retry_after(config.retry_after)
+    let Some(reservation) = config.buffer_budget.try_reserve(charge) else {
+        return Err(budget_spent(config));
     };
-    let Some(mut reservation) = config.buffer_budget.try_reserve(charge) else {
-        return Err(budget_spent());
-    };
+    Ok(Admitted { reservation, read_limit, declared })
+}
+
+fn body_too_large(limit: usize) -> Problem {
+    Problem::new(ProblemCode::BodyTooLarge, format!("the request body is larger than {limit} bytes"))
+}
+
+fn budget_spent(config: &Config) -> Problem {
+    tracing::warn!("idempotency: request refused, the buffer budget is spent");
+    Problem::new(ProblemCode::BufferBudgetExhausted, "the server is buffering too many request bodies; retry later")
+        .retry_after(config.retry_after)
+}
+
+/// Reads an admitted body: without a declared length, charged chunk by chunk and refused when
+/// the budget cannot take the next; never buffered past its declared length; refused when it is
+/// not complete within the body deadline.
+pub(crate) async fn read_request_body<B>(
+    body: B,
+    admitted: Admitted,
+    config: &Config,
+) -> Result<(Bytes, Reservation), Problem>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let Admitted { mut reservation, read_limit, declared } = admitted;
     // Without a declared length, each chunk is charged as it arrives.
     let admit = |length: usize| reservation.grow_to(length);
     let read = tokio::time::timeout(config.body_timeout, buffer::read_admitted(body, read_limit, admit)).await;
     match read {
-        Ok(Err(ReadError::NotAdmitted)) => Err(budget_spent()),
+        Ok(Err(ReadError::NotAdmitted)) => Err(budget_spent(config)),
         Ok(Ok((bytes, _trailers))) => {
             reservation.shrink_to(bytes.len());
             Ok((bytes, reservation))
@@ -318,7 +460,7 @@ where
         Ok(Err(ReadError::TooLarge)) if declared.is_some() => {
             Err(Problem::new(ProblemCode::BodyUnreadable, "the request body is longer than its Content-Length"))
         }
-        Ok(Err(ReadError::TooLarge)) => Err(too_large()),
+        Ok(Err(ReadError::TooLarge)) => Err(body_too_large(config.max_request_body)),
         Ok(Err(ReadError::Failed)) => {
             Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read"))
         }
@@ -332,7 +474,7 @@ where
 /// Whether a stored record's fingerprint is this request's: compared as they are when both have
 /// the same version, else with the request's fingerprint at the record's version (computed only
 /// then, by `at_version`). A record of a version this crate does not know is another request.
-fn same_request(
+pub(crate) fn same_request(
     stored: &Fingerprint,
     request: &Fingerprint,
     at_version: impl FnOnce(u8) -> Option<Fingerprint>,
@@ -343,6 +485,45 @@ fn same_request(
     at_version(stored.version()).is_some_and(|request| request == *stored)
 }
 
+/// What the layer does with a record that is already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// A tombstone: `idempotency_key_expired`.
+    Expired,
+    /// Another request's record: `idempotency_key_reused`.
+    Reused,
+    /// This request's stored answer: replay it.
+    Replay,
+    /// An earlier attempt's outcome is unknown.
+    Unknown,
+    /// Still in flight.
+    InFlight,
+}
+
+impl Verdict {
+    /// The verdict on `record`, given whether it is this request's ([`same_request`]).
+    pub(crate) fn of(record: &Record, same_request: bool) -> Self {
+        match record.state {
+            RecordState::Expired => Verdict::Expired,
+            _ if !same_request => Verdict::Reused,
+            RecordState::Completed | RecordState::Failed if record.response.is_some() => Verdict::Replay,
+            RecordState::Unknown => Verdict::Unknown,
+            _ => Verdict::InFlight,
+        }
+    }
+
+    /// What became of the request.
+    pub(crate) fn result(self) -> RequestResult {
+        match self {
+            Verdict::Expired => RequestResult::KeyExpired,
+            Verdict::Reused => RequestResult::KeyReused,
+            Verdict::Replay => RequestResult::Replayed,
+            Verdict::Unknown => RequestResult::OutcomeUnknown,
+            Verdict::InFlight => RequestResult::InFlight,
+        }
+    }
+}
+
 /// Replays or refuses, given the record that is already there and whether it is this
 /// request's ([`same_request`]).
 fn answer_existing<B>(
@@ -351,23 +532,22 @@ fn answer_existing<B>(
     id: &RecordId,
     same_request: bool,
     record: Record,
-) -> Response<IdempotencyBody<B>> {
-    if record.state == RecordState::Expired {
-        return protocol.refuse(Problem::new(
+) -> (Response<IdempotencyBody<B>>, RequestResult) {
+    let verdict = Verdict::of(&record, same_request);
+    let response = match (verdict, record.response) {
+        (Verdict::Expired, _) => protocol.refuse(Problem::new(
             ProblemCode::KeyExpired,
             "this key is past its retention; use a new key for a new request",
-        ));
-    }
-    if !same_request {
-        tracing::debug!(record = %id, "idempotency: key reused with a different request");
-        return protocol.refuse(
-            Problem::new(ProblemCode::KeyReused, "this key was used with a different request")
-                .status(config.mismatch_status),
-        );
-    }
-    match (record.state, record.response) {
-        (RecordState::Completed | RecordState::Failed, Some(stored)) => replay(stored),
-        (RecordState::Unknown, _) => protocol.refuse(
+        )),
+        (Verdict::Reused, _) => {
+            tracing::debug!(record = %id, "idempotency: key reused with a different request");
+            protocol.refuse(
+                Problem::new(ProblemCode::KeyReused, "this key was used with a different request")
+                    .status(config.mismatch_status),
+            )
+        }
+        (Verdict::Replay, Some(stored)) => replay(stored),
+        (Verdict::Unknown, _) => protocol.refuse(
             Problem::new(
                 ProblemCode::OutcomeUnknown,
                 "an earlier attempt with this key died and its outcome is unknown",
@@ -378,7 +558,8 @@ fn answer_existing<B>(
             Problem::new(ProblemCode::RequestInFlight, "a request with this key is still being processed; retry later")
                 .retry_after(config.retry_after),
         ),
-    }
+    };
+    (response, verdict.result())
 }
 
 /// The stored answer, with `Idempotent-Replayed: true`.

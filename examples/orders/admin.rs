@@ -62,6 +62,11 @@ pub(crate) struct AdminRoutes {
 }
 
 impl AdminRoutes {
+    /// Adds the routes of `other`.
+    pub(crate) fn merge(self, other: AdminRoutes) -> Self {
+        Self { open: self.open.merge(other.open), operator: self.operator.merge(other.operator) }
+    }
+
     /// The operator listener's service: `open` as it is, `operator` behind `token` (or absent
     /// when there is none), 404 for the rest.
     pub(crate) fn into_router(self, token: AdminToken) -> Router {

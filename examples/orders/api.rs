@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::Postgres;
 use sqlx::Sqlite;
 use tower_idempotency::store::Admin;
-use tower_idempotency::{IdempotencyContext, IdempotencyLayer, Store, TxHandle};
+use tower_idempotency::{IdempotencyContext, IdempotencyLayer, RolloutSwitch, Store, TxHandle};
 use uuid::Uuid;
 
 use super::auth::authenticate;
@@ -64,10 +64,23 @@ pub(crate) struct AppState {
 /// `idempotency_store` must be an atomic store on the same database as `state.orders`
 /// (a `SqliteStore` beside `OrderBook::Sqlite`, a `PostgresStore` beside
 /// `OrderBook::Postgres`): the create handler writes through its transaction.
+#[allow(dead_code, reason = "the in-process tests build the router with it; the binary uses app_with_rollout")]
 pub(crate) fn app<St: Store + Admin>(state: AppState, idempotency_store: St) -> Router {
+    app_with_rollout(state, idempotency_store, RolloutSwitch::default())
+}
+
+/// [`app`], with the idempotency layer of `POST /orders` in the mode and cohort of `rollout`
+/// (see `rollout.rs`).
+pub(crate) fn app_with_rollout<St: Store + Admin>(
+    state: AppState,
+    idempotency_store: St,
+    rollout: RolloutSwitch,
+) -> Router {
     let operations = operations::routes(idempotency_store.clone());
-    let idempotency =
-        IdempotencyLayer::new(idempotency_store).operation(CREATE_OPERATION).retention(state.lifecycle.retention());
+    let idempotency = IdempotencyLayer::new(idempotency_store)
+        .operation(CREATE_OPERATION)
+        .retention(state.lifecycle.retention())
+        .rollout(rollout);
     let idempotency = state.limits.apply(idempotency);
     // `layer` on a method router wraps only the handlers added before it: POST is guarded,
     // the GET added afterwards is not.
@@ -87,7 +100,7 @@ pub(crate) fn app<St: Store + Admin>(state: AppState, idempotency_store: St) -> 
 async fn create_order(
     State(state): State<AppState>,
     account: Account,
-    context: IdempotencyContext,
+    context: Option<IdempotencyContext>,
     transaction: OrderTx,
     headers: HeaderMap,
     body: Bytes,
@@ -96,12 +109,19 @@ async fn create_order(
     // released, so the key stays free for the corrected request).
     require_json(&headers)?;
     let draft = draft_from_json(&body).map_err(ApiProblem::validation_failed)?;
-    let order = Order::new(account, draft, context.operation_id(), (state.clock)());
+    // The layer gives the context whenever the request has a key, in every mode; in `off` or
+    // `shadow` mode a request without one still creates an order (the old path), under an
+    // operation id of its own.
+    let operation_id = match &context {
+        Some(context) => context.operation_id().to_owned(),
+        None => Uuid::new_v4().to_string(),
+    };
+    let order = Order::new(account, draft, &operation_id, (state.clock)());
     // `insert` consumes the handle, so it is given back before the answer: the layer stores
     // the answer in the same transaction and commits the order and the answer together. If
     // the database fails instead, the 503 is released: the layer rolls the transaction back,
     // and the client's retry with the same key executes afresh.
-    super::events::order_created(&state.orders, &transaction, &context, &order).await?;
+    super::events::order_created(&state.orders, &transaction, context.as_ref(), &order).await?;
     transaction.insert(&order).await.map_err(ApiProblem::create_failed)?;
     let location = HeaderValue::try_from(order.location()).map_err(|_| ApiProblem::internal())?;
     Ok((StatusCode::CREATED, [(LOCATION, location)], Json(order)).into_response())

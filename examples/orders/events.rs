@@ -9,7 +9,8 @@
 //!
 //! The event's id (`webhook-id`) is derived from the create request's operation id, so every
 //! delivery of it, and a retried request's (which replays and enqueues nothing), carry the
-//! same id. The body is `{"type":"order.created","timestamp":…,"data":<the order>}`, the order
+//! same id. A request without a key (in `off` or `shadow` mode, the old path) has no operation
+//! identity: its event's id is derived from the order's id instead. The body is `{"type":"order.created","timestamp":…,"data":<the order>}`, the order
 //! exactly as `POST /orders` answered it.
 //!
 //! In a build without the `outbox` feature no event is written and setting
@@ -29,7 +30,7 @@ mod with_outbox {
     use axum::routing::get;
     use serde_json::json;
     use tower_idempotency::outbox::{
-        NewEvent, OutboxError, OutboxStore, PostgresOutbox, Relay, RelayConfig, SqliteOutbox, WebhookSecret,
+        EventId, NewEvent, OutboxError, OutboxStore, PostgresOutbox, Relay, RelayConfig, SqliteOutbox, WebhookSecret,
         WebhookSender,
     };
     use tower_idempotency::{BoxError, IdempotencyContext};
@@ -43,10 +44,17 @@ mod with_outbox {
     pub(crate) async fn order_created(
         orders: &OrderBook,
         tx: &OrderTx,
-        context: &IdempotencyContext,
+        context: Option<&IdempotencyContext>,
         order: &Order,
     ) -> Result<(), ApiProblem> {
-        let event = NewEvent::for_operation(context, "order.created", order).map_err(|_| ApiProblem::internal())?;
+        let event = match context {
+            Some(context) => NewEvent::for_operation(context, "order.created", order),
+            None => {
+                let id = EventId::new(format!("evt_{}", order.order_id.simple())).ok_or_else(ApiProblem::internal)?;
+                NewEvent::new(id, "order.created", order, std::time::SystemTime::now())
+            }
+        }
+        .map_err(|_| ApiProblem::internal())?;
         let enqueued = match (orders, tx) {
             (OrderBook::Sqlite(pool), OrderTx::Sqlite(handle)) => {
                 SqliteOutbox::new(pool.clone()).enqueue(handle, &event).await
@@ -156,7 +164,7 @@ mod without_outbox {
     pub(crate) async fn order_created(
         _orders: &OrderBook,
         _tx: &OrderTx,
-        _context: &IdempotencyContext,
+        _context: Option<&IdempotencyContext>,
         _order: &Order,
     ) -> Result<(), ApiProblem> {
         Ok(())

@@ -76,6 +76,16 @@
 //!   `listening on` line. See `admin.rs`.
 //! - `ORDERS_ADMIN_TOKEN`: the bearer token of the operator routes (`/admin/...`), at least 16
 //!   visible ASCII characters. Unset: every `/admin/` route answers 404.
+//! - `ORDERS_IDEMPOTENCY_MODE` (`enforce`, the default, `shadow` or `off`) and
+//!   `ORDERS_IDEMPOTENCY_COHORT` (account ids, comma-separated: enforced whatever the mode): the
+//!   idempotency layer's rollout, changeable at run time with `GET`/`PUT
+//!   /admin/idempotency/rollout` on the operator listener. In `off` and `shadow` mode
+//!   `POST /orders` takes the old path: every call creates an order, 201 as before, without
+//!   `idempotent-replayed`. See `rollout.rs`.
+//! - `ORDERS_AUDIT_SECS` (default 60; fractions allowed): how often the audit behind
+//!   `orders_duplicate_effects` runs. `GET /metrics` on the operator listener (no token) shows it,
+//!   and the layer's and the recovery workers' metrics in a build with the `metrics` feature
+//!   (`cargo run --features metrics --example orders`). See `telemetry.rs`.
 //! - `ORDERS_CURSOR_SECRET`: the key that signs pagination cursors, at least 16 bytes. Unset:
 //!   a random key per process (cursors then stop working after a restart).
 //! - `REDIS_URL` (`redis://127.0.0.1:6379/`, in a build with the `redis` feature): puts the
@@ -232,6 +242,8 @@
 //! One module per step, in the order a request meets them:
 //!
 //! - `admin`: the operator listener and its token;
+//! - `rollout`: the idempotency layer's mode and cohort, and their operator routes;
+//! - `telemetry`: `GET /metrics` and the duplicate-effects audit;
 //! - `operator` and `operator_request`: the operator routes of the idempotency records, and
 //!   what they read from a request;
 //! - `operations`: `GET /operations/{operation_id}`;
@@ -272,9 +284,11 @@ mod operator_request;
 mod payments;
 mod problem;
 mod recovery;
+mod rollout;
 mod serve;
 mod shutdown;
 mod startup;
+mod telemetry;
 
 use admin::{AdminToken, DEFAULT_ADMIN_ADDR};
 use book::created_at::CreatedAt;
@@ -309,9 +323,14 @@ async fn serve() -> Result<(), BoxError> {
         drill: drill::mode_from_env()?,
         clock: Arc::new(CreatedAt::now),
         payments: payments::PaymentSettings::from_env()?,
+        rollout: rollout::switch_from_env()?,
     };
+    let audit_every = telemetry::audit_interval_from_env()?;
     let janitor_every = settings.lifecycle.janitor_every;
     let database_url = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty());
+    // Before anything emits: the layer's handles, the recovery workers' metrics and the audit's
+    // gauge bind to this recorder.
+    let metrics = telemetry::install()?;
     let opened = startup::open(database_url.as_deref(), settings).await?;
     let listener = tokio::net::TcpListener::bind(&address).await?;
     let admin_listener = tokio::net::TcpListener::bind(&admin_address).await?;
@@ -327,7 +346,8 @@ async fn serve() -> Result<(), BoxError> {
     let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
-    let admin_router = opened.admin.into_router(admin_token);
+    telemetry::spawn_audit(opened.orders.clone(), audit_every);
+    let admin_router = opened.admin.merge(telemetry::routes(metrics)).into_router(admin_token);
     let payments_recovery = async {
         if let Some((worker, every)) = opened.payments {
             worker.run(every, until_stopped(stopped.clone())).await;

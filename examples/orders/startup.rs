@@ -11,10 +11,10 @@ use sqlx::sqlite::SqliteConnectOptions;
 #[cfg(feature = "postgres")]
 use tower_idempotency::PostgresStore;
 use tower_idempotency::store::Admin;
-use tower_idempotency::{BoxError, CouplingMode, SqliteStore, Store};
+use tower_idempotency::{BoxError, CouplingMode, RolloutSwitch, SqliteStore, Store};
 
 use super::admin::AdminRoutes;
-use super::api::{AppState, Clock, app};
+use super::api::{AppState, Clock, app_with_rollout};
 use super::book::storage::{DEFAULT_SQLITE_FILE, OrderBook, connect_sqlite};
 use super::cursor::CursorCodec;
 use super::drill::DrillMode;
@@ -53,6 +53,9 @@ pub(crate) struct Settings {
     pub(crate) clock: Clock,
     /// The payment provider and the payment route's settings.
     pub(crate) payments: PaymentSettings,
+    /// The idempotency layer's mode and cohort on `POST /orders` (`ORDERS_IDEMPOTENCY_MODE`,
+    /// `ORDERS_IDEMPOTENCY_COHORT`; see `rollout.rs`), and what the operator routes change.
+    pub(crate) rollout: RolloutSwitch,
 }
 
 /// Opens the database `database_url` names (see *Storage* in `main.rs`), creates what is
@@ -123,9 +126,10 @@ async fn assemble<St: Store + Admin, L: Store + Admin>(
     settings: Settings,
     (recovery, payments_recovery): (Recovery, Option<Recovery>),
 ) -> Result<Opened, BoxError> {
-    let Settings { cursors, limits, lifecycle, drill, clock, payments } = settings;
+    let Settings { cursors, limits, lifecycle, drill, clock, payments, rollout } = settings;
     let state = AppState { orders: orders.clone(), cursors, limits, lifecycle, clock };
-    let (mut api, mut admin) = with_fast_path(state, store)?;
+    let (mut api, mut admin) = with_fast_path(state, store, rollout.clone())?;
+    admin = admin.merge(super::rollout::routes(rollout));
     admin.operator = admin.operator.merge(super::events::start(&orders).await?);
     payments::create_table(&orders).await?;
     api = api.merge(payments::routes(orders.clone(), leased.clone(), &lifecycle, &payments));
@@ -154,20 +158,25 @@ async fn open_postgres(_url: &str, _settings: Settings) -> Result<Opened, BoxErr
 /// replay cache in front of the store) when `REDIS_URL` is set and the build has the `redis`
 /// feature. The operator routes go through the fast path too, so that a record they change is
 /// never replayed from a stale cached copy.
-fn with_fast_path<St: Store + Admin>(state: AppState, store: St) -> Result<(Router, AdminRoutes), BoxError> {
+fn with_fast_path<St: Store + Admin>(
+    state: AppState,
+    store: St,
+    rollout: RolloutSwitch,
+) -> Result<(Router, AdminRoutes), BoxError> {
     #[cfg(feature = "redis")]
     if let Some(url) = std::env::var("REDIS_URL").ok().filter(|url| !url.is_empty()) {
         // Lazy: the service starts, on its database alone, even while Redis is down.
         let fast = tower_idempotency::FastPath::connect(store, &url)?;
         eprintln!("orders: Redis fast path on");
-        return Ok(services(state, fast));
+        return Ok(services(state, fast, rollout));
     }
-    Ok(services(state, store))
+    Ok(services(state, store, rollout))
 }
 
-/// The public API and the operator routes over one store.
-fn services<St: Store + Admin>(state: AppState, store: St) -> (Router, AdminRoutes) {
+/// The public API (`POST /orders` in the mode and cohort of `rollout`) and the operator routes
+/// over one store.
+fn services<St: Store + Admin>(state: AppState, store: St, rollout: RolloutSwitch) -> (Router, AdminRoutes) {
     let retention = state.lifecycle.retention();
     let admin = operator::routes(store.clone(), retention);
-    (app(state, store), admin)
+    (app_with_rollout(state, store, rollout), admin)
 }

@@ -12,7 +12,7 @@ use super::claim::{self, FastPathClaim, LockGuard, TOKEN_LEN};
 use super::codec::{self, Decoded};
 use super::keying::{self, Keying};
 use super::scripts::{self, Keys, Probe};
-use crate::store::{Begin, BeginRequest, Store, StoreError};
+use crate::store::{Begin, BeginRequest, Claim, PlainTransaction, Store, StoreError};
 
 impl<S: Store> Store for FastPath<S> {
     type Claim = FastPathClaim<S::Claim>;
@@ -126,6 +126,14 @@ impl<S: Store> Store for FastPath<S> {
 
     async fn deployment_secret(&self) -> Result<Option<[u8; 32]>, StoreError> {
         self.inner.deployment_secret().await
+    }
+
+    /// The durable store's own: the old path never touches Redis.
+    async fn plain_transaction(
+        &self,
+        wait: Duration,
+    ) -> Result<Option<PlainTransaction<<S::Claim as Claim>::Handle>>, StoreError> {
+        self.inner.plain_transaction(wait).await
     }
 }
 

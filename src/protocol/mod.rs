@@ -117,6 +117,16 @@ pub(crate) enum Classified {
 }
 
 impl Classified {
+    /// The class when the head decides, else `otherwise` (the trailers are not waited for).
+    #[cfg_attr(not(feature = "tonic"), allow(unused_variables))]
+    pub(crate) fn head_or(self, otherwise: OutcomeClass) -> OutcomeClass {
+        match self {
+            Classified::Ready(class) => class,
+            #[cfg(feature = "tonic")]
+            Classified::RequiresTrailers(_) => otherwise,
+        }
+    }
+
     /// The class, given the trailers found at the end of the body.
     #[cfg_attr(not(feature = "tonic"), allow(unused_variables))]
     pub(crate) fn with_trailers(self, trailers: Option<&HeaderMap>) -> OutcomeClass {

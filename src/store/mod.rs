@@ -28,6 +28,7 @@
 pub mod admin;
 mod decide;
 pub mod memory;
+mod plain;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) mod sql;
 
@@ -40,6 +41,8 @@ pub use sql::sqlite;
 
 use std::future::Future;
 use std::time::Duration;
+
+pub use self::plain::PlainTransaction;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{RecordId, Scope};
@@ -290,6 +293,21 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The default is `None`: a fast path in front of such a store stays out of Redis unless
     /// the application gives a secret itself (`FastPath::secret`).
     fn deployment_secret(&self) -> impl Future<Output = Result<Option<[u8; 32]>, StoreError>> + Send {
+        std::future::ready(Ok(None))
+    }
+
+    /// A plain transaction for the old path, handed to the handler while the layer is off or
+    /// in shadow mode (see [`rollout`](crate::rollout)): no claim, no stored answer, committed
+    /// when the handler is done. Taking a connection waits at most `wait`.
+    ///
+    /// The default is `None` (a store without transactions, or a leased one: in enforce mode
+    /// its handlers get no handle either). The SQL stores in atomic mode begin one on their
+    /// pool; `FastPath` passes its store's through.
+    fn plain_transaction(
+        &self,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Option<PlainTransaction<<Self::Claim as Claim>::Handle>>, StoreError>> + Send {
+        let _ = wait;
         std::future::ready(Ok(None))
     }
 }

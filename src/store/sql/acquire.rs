@@ -34,7 +34,6 @@ pub(crate) async fn acquire_by<DB: Database>(
 
 /// A transaction begun with `statement` on a connection taken by `deadline` (see
 /// [`acquire_by`]); the statement itself runs as long as the database makes it.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) async fn begin_by<DB: Database>(
     pool: &Pool<DB>,
     statement: SqlStr,

@@ -97,7 +97,7 @@ impl<A: AtomicClaim<Db = D::Db>, D: Dialect> Held<A, D> {
 /// claim to the store's `begin_atomic` or `begin_leased`), and the [`Claim`](crate::store::Claim)
 /// implementation of its claim type (a newtype over [`Held`]).
 macro_rules! sql_store_surface {
-    ($store:ident, $pool:ty, $claim:ident, $db:ty) => {
+    ($store:ident, $pool:ty, $claim:ident, $db:ty, $plain_begin:literal) => {
         impl $store {
             /// The coupling mode: [`CouplingMode::Atomic`](crate::store::CouplingMode::Atomic)
             /// (default) or [`CouplingMode::Leased`](crate::store::CouplingMode::Leased).
@@ -138,6 +138,20 @@ macro_rules! sql_store_surface {
             /// records: every replica of the store reads the same one.
             async fn deployment_secret(&self) -> Result<Option<[u8; 32]>, $crate::store::StoreError> {
                 self.read_deployment_secret().await
+            }
+
+            /// In atomic mode, a transaction begun on the pool (SQLite: `BEGIN IMMEDIATE`, so it
+            /// never deadlocks upgrading a read lock), taking the connection within `wait` (at
+            /// least a second); `None` in leased mode, whose handlers get no handle in enforce
+            /// mode either.
+            async fn plain_transaction(
+                &self,
+                wait: std::time::Duration,
+            ) -> Result<
+                Option<$crate::store::PlainTransaction<$crate::store::sql::tx::TxHandle<$db>>>,
+                $crate::store::StoreError,
+            > {
+                $crate::store::sql::plain_transaction(&self.records, $plain_begin, wait).await
             }
         }
 

@@ -31,9 +31,9 @@ use tokio::time::Instant;
 pub(crate) use self::acquire::{acquire_by, begin_by};
 use self::dialect::{Bound, Dialect};
 use self::statements::Statements;
-use self::tx::HandleStillHeld;
+use self::tx::{HandleStillHeld, TxHandle};
 use super::decide::{ABANDONED, Decision, Found, decide};
-use super::{Begin, BeginRequest, CouplingMode, FinishError, StoreError};
+use super::{Begin, BeginRequest, CouplingMode, FinishError, PlainTransaction, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::record::{Record, RecordState, StoredResponse};
@@ -125,6 +125,32 @@ pub(crate) fn millis(duration: Duration) -> i64 {
 /// The database failed or could not be reached: nothing was claimed or stored.
 pub(crate) fn unavailable(error: sqlx::Error) -> StoreError {
     StoreError::Unavailable(Box::new(error))
+}
+
+/// The old path's transaction on `records` (see [`Store::plain_transaction`](crate::Store::plain_transaction)):
+/// begun with `begin` on a connection taken within `wait`, in atomic mode only.
+pub(crate) async fn plain_transaction<D: Dialect>(
+    records: &Records<D>,
+    begin: &'static str,
+    wait: Duration,
+) -> Result<Option<PlainTransaction<TxHandle<D::Db>>>, StoreError> {
+    if records.mode != CouplingMode::Atomic {
+        return Ok(None);
+    }
+    let tx = begin_by(&records.pool, begin.into_sql_str(), Instant::now() + wait).await.map_err(unavailable)?;
+    Ok(Some(PlainTransaction::new(TxHandle::new(tx), finish_plain)))
+}
+
+/// Ends a plain transaction: fails closed if the handler still holds the handle, else commits
+/// (`commit`) or rolls back.
+async fn finish_plain<DB: sqlx::Database>(handle: TxHandle<DB>, commit: bool) -> Result<(), FinishError> {
+    let tx = handle.take_to_finish().await?;
+    if commit {
+        tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error)))
+    } else {
+        tx.discard().await;
+        Ok(())
+    }
 }
 
 impl From<HandleStillHeld> for FinishError {

@@ -233,4 +233,4 @@ impl PostgresStore {
 #[derive(Debug)]
 pub struct PgClaim(Held<AtomicClaim, Pg>);
 
-sql_store_surface!(PostgresStore, PgPool, PgClaim, Postgres);
+sql_store_surface!(PostgresStore, PgPool, PgClaim, Postgres, "BEGIN");

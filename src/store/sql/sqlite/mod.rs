@@ -322,7 +322,7 @@ impl SqliteStore {
 #[derive(Debug)]
 pub struct SqliteClaim(Held<AtomicClaim, Lite>);
 
-sql_store_surface!(SqliteStore, SqlitePool, SqliteClaim, Sqlite);
+sql_store_surface!(SqliteStore, SqlitePool, SqliteClaim, Sqlite, "BEGIN IMMEDIATE");
 
 /// An atomic claim: the write transaction the handler writes in, holding the claim's row and
 /// the identity's gate.

@@ -1,0 +1,111 @@
+//! The metrics' cost on the layer's own overhead, interleaved in one run (feature `metrics`).
+//!
+//! Three services answer the same 256-byte JSON `POST` with a fresh key each time (claim,
+//! execute, store, over `MemoryStore`): the handler alone (`bare`), the layer whose metric handles
+//! were resolved with no recorder installed (`layer`: every metric a no-op), and the layer whose
+//! handles were resolved under a Prometheus recorder (`recorded`: every metric recorded). Each
+//! round runs a batch of each, in rotated order, so a busy machine slows all three alike; the
+//! per-round share `(recorded - layer) / (layer - bare)` is printed as a median and range.
+//!
+//! Run with `cargo bench --features metrics --bench metrics_cost` (`METRICS_COST_ROUNDS`, default 15).
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tower::{Layer, Service, ServiceExt};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
+
+const BATCH: u64 = 20_000;
+
+async fn handler(request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let body = request.into_body().collect().await?.to_bytes();
+    let json = format!("{{\"order_id\":\"0f8fad5b-d9cb-469f-a165-70867728950e\",\"bytes\":{}}}", body.len());
+    Ok(Response::builder()
+        .status(StatusCode::CREATED)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(json)))
+        .expect("response"))
+}
+
+fn request(key: u64, body: &Bytes) -> Request<Full<Bytes>> {
+    Request::post("/orders")
+        .header("content-type", "application/json")
+        .header("idempotency-key", format!("key-{key}"))
+        .header("content-length", body.len())
+        .body(Full::new(body.clone()))
+        .expect("request")
+}
+
+/// One batch of fresh keys through `service`: the time per request.
+async fn batch<S, B>(service: &S, body: &Bytes, next: &mut u64) -> Duration
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let started = Instant::now();
+    for _ in 0..BATCH {
+        *next += 1;
+        let response = service.clone().oneshot(request(*next, body)).await.expect("answer");
+        std::hint::black_box(response.into_body().collect().await.expect("body"));
+    }
+    started.elapsed() / BATCH as u32
+}
+
+fn main() {
+    let rounds = std::env::var("METRICS_COST_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(15);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let body = Bytes::from(format!("{{\"sku\":\"SKU-1\",\"note\":\"{}\"}}", "x".repeat(230)));
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    runtime.block_on(async {
+        let mut next = 0;
+        let mut shares = Vec::new();
+        let mut sums = [Duration::ZERO; 3];
+        for round in 0..rounds {
+            // Fresh stores each round, so the map never grows past a few batches.
+            let bare = tower::service_fn(handler);
+            let layer =
+                IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(handler));
+            let recorded =
+                IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(handler));
+            // Resolve the `recorded` layer's handles under the recorder (its first request).
+            {
+                let _local = metrics::set_default_local_recorder(&recorder);
+                recorded.clone().oneshot(request(u64::MAX - round as u64, &body)).await.expect("first");
+            }
+            let mut times = [Duration::ZERO; 3];
+            for step in 0..3 {
+                let which = (step + round) % 3;
+                times[which] = match which {
+                    0 => batch(&bare, &body, &mut next).await,
+                    1 => batch(&layer, &body, &mut next).await,
+                    _ => batch(&recorded, &body, &mut next).await,
+                };
+            }
+            handle.run_upkeep();
+            for (sum, time) in sums.iter_mut().zip(times) {
+                *sum += time;
+            }
+            let [bare, layer, recorded] = times.map(|t| t.as_secs_f64());
+            shares.push((recorded - layer) / (layer - bare));
+        }
+        assert!(handle.render().contains("idempotency_requests_total"), "the recorder saw the layer's metrics");
+        shares.sort_by(f64::total_cmp);
+        let mean = |sum: Duration| sum.as_secs_f64() * 1e6 / rounds as f64;
+        println!(
+            "bare {:.2} µs, layer {:.2} µs, layer with a recorder {:.2} µs (means); metrics' share of the layer's \
+             overhead per round: median {:.1}% (range {:.1}% to {:.1}%, {rounds} rounds)",
+            mean(sums[0]),
+            mean(sums[1]),
+            mean(sums[2]),
+            shares[shares.len() / 2] * 100.0,
+            shares[0] * 100.0,
+            shares[shares.len() - 1] * 100.0,
+        );
+    });
+}

@@ -1,0 +1,207 @@
+//! Shadow mode (see [`rollout`](crate::rollout)): the request takes the old path, and what
+//! enforce mode would have done is found out by looking the request up under its shadow
+//! identity, without waiting, and recording it there once the answer is produced: on an atomic
+//! store in the same transaction as the handler's writes (one COMMIT, as on the old path), on
+//! other stores with a claim finished right after the answer.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http_body::Body;
+use tower_service::Service;
+
+use crate::BoxError;
+use crate::body::IdempotencyBody;
+use crate::config::Config;
+use crate::context::IdempotencyContext;
+use crate::fingerprint::{self, Fingerprint};
+use crate::key::{IdempotencyKey, RecordId, Scope};
+use crate::old_path::{OldTx, old_path, old_path_in};
+use crate::outcome::OutcomeClass;
+use crate::problem::Problem;
+use crate::record::StoredResponse;
+use crate::service::{Guarded, Verdict, admit_request_body, read_request_body, same_request};
+use crate::store::{Begin, BeginRequest, Claim, Outcome, Store};
+use crate::telemetry::RequestResult;
+
+/// The shadow path of one request. The answer is the old path's, always, with one exception: a
+/// body that cannot be read whole (over the limit without a `Content-Length`, broken, or late)
+/// cannot be handed on, so it is answered as enforce mode answers it.
+pub(crate) async fn shadow<S, St, ReqBody, ResBody>(
+    mut guarded: Guarded<S, St>,
+    parts: http::request::Parts,
+    body: ReqBody,
+    key: Result<Option<IdempotencyKey>, Problem>,
+    scope: Option<Scope>,
+    rebuild: fn(Bytes) -> ReqBody,
+) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store,
+    ReqBody: Body,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let metrics = guarded.metrics.clone();
+    let would = move |result: RequestResult| {
+        metrics.shadow(result);
+        tracing::debug!(result = result.as_str(), "idempotency (shadow): enforce mode would have refused this request");
+    };
+    let key = match key {
+        Ok(Some(key)) => Some(key),
+        Ok(None) if !guarded.config.key_required => None,
+        Ok(None) => {
+            would(RequestResult::KeyMissing);
+            None
+        }
+        Err(_) => {
+            would(RequestResult::KeyInvalid);
+            None
+        }
+    };
+    let Some(key) = key else {
+        return Ok(old_path(&mut guarded, Request::from_parts(parts, body), None).await?.0);
+    };
+    let Some(scope) = scope else {
+        would(RequestResult::ScopeMissing);
+        return Ok(old_path(&mut guarded, Request::from_parts(parts, body), None).await?.0);
+    };
+    let id = RecordId::new(&scope, &guarded.operation, &key);
+    guarded.span.record("record", tracing::field::display(&id));
+    let context = IdempotencyContext::new(id, guarded.operation.clone(), None);
+
+    // The body: refused before it is read, it goes on untouched; read, it is handed on whole.
+    let admitted = match admit_request_body(&parts.headers, &guarded.config) {
+        Ok(admitted) => admitted,
+        Err(problem) => {
+            would(RequestResult::of_problem(problem.code()));
+            return Ok(old_path(&mut guarded, Request::from_parts(parts, body), Some(context)).await?.0);
+        }
+    };
+    let (body, reservation) = match read_request_body(body, admitted, &guarded.config).await {
+        Ok(read) => read,
+        Err(problem) => {
+            would(RequestResult::of_problem(problem.code()));
+            return Ok(guarded.protocol.refuse(problem));
+        }
+    };
+    let request = Looked {
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    };
+    let fingerprint = request.fingerprint(&guarded.config, None);
+
+    // The lookup, under the shadow identity, never waiting on a duplicate in flight.
+    let shadow_id = id.shadow();
+    let config = guarded.config.clone();
+    let begin = BeginRequest::new(&shadow_id, &fingerprint)
+        .wait(Duration::ZERO)
+        .lease(config.lease)
+        .stale_lease(config.stale_lease)
+        .retention(config.retention);
+    let (transaction, pending, known) = match guarded.store.begin(begin).await {
+        // An atomic store: the handler writes in the shadow claim's transaction, and the shadow
+        // record commits with its writes.
+        Ok(Begin::Claimed(claim)) if claim.handle().is_some() => (Some(OldTx::Shadow(claim)), None, None),
+        // Leased, or in memory: the claim is finished once the answer is produced.
+        Ok(Begin::Claimed(claim)) => (plain(&guarded.store, config.in_flight_wait).await, Some(claim), None),
+        Ok(Begin::Existing(record)) => {
+            let same = same_request(&record.fingerprint, &fingerprint, |version| {
+                Some(request.fingerprint(&config, Some(version)))
+            });
+            (plain(&guarded.store, config.in_flight_wait).await, None, Some(Verdict::of(&record, same).result()))
+        }
+        Ok(Begin::InFlight { .. }) => {
+            (plain(&guarded.store, config.in_flight_wait).await, None, Some(RequestResult::InFlight))
+        }
+        Err(error) => {
+            tracing::debug!(%error, "idempotency (shadow): the store failed");
+            (plain(&guarded.store, config.in_flight_wait).await, None, Some(RequestResult::StoreUnavailable))
+        }
+    };
+    let in_claim = matches!(transaction, Some(OldTx::Shadow(_)));
+    let answered =
+        old_path_in(&mut guarded, Request::from_parts(parts, rebuild(body)), Some(context), transaction).await;
+    drop(reservation);
+    let (response, class, finished) = match answered {
+        Ok(answered) => answered,
+        Err(error) => {
+            if let Some(claim) = pending {
+                let _ = claim.finish(Outcome::Release).await;
+            }
+            return Err(error);
+        }
+    };
+    let result = match (known, pending) {
+        (Some(result), _) => result,
+        (None, Some(claim)) => match claim.finish(shadow_outcome(class, response.status())).await {
+            Ok(()) => executed(class),
+            Err(error) => {
+                tracing::debug!(%error, "idempotency (shadow): recording failed");
+                RequestResult::StoreUnavailable
+            }
+        },
+        (None, None) if in_claim && finished == Some(Ok(())) => executed(class),
+        (None, None) => RequestResult::StoreUnavailable,
+    };
+    guarded.metrics.shadow(result);
+    tracing::debug!(record = %shadow_id, result = result.as_str(), "idempotency (shadow): what enforce mode would have done");
+    Ok(response)
+}
+
+/// The store's plain transaction for the old path (none if it fails).
+async fn plain<St: Store>(store: &St, wait: Duration) -> Option<OldTx<St::Claim>> {
+    match store.plain_transaction(wait).await {
+        Ok(transaction) => transaction.map(OldTx::Plain),
+        Err(error) => {
+            tracing::warn!(%error, "idempotency (shadow): no transaction from the store; the handler runs without one");
+            None
+        }
+    }
+}
+
+/// What a shadow record keeps of an answer of `class`: its status, no body.
+fn shadow_outcome(class: OutcomeClass, status: StatusCode) -> Outcome {
+    match class {
+        OutcomeClass::Release => Outcome::Release,
+        OutcomeClass::Reject => Outcome::Reject(StoredResponse::new(status, "")),
+        // Never an `unknown` record: a shadow record is never reconciled, and must not count
+        // among the unknown ones (`idempotency_records`, `idempotency_oldest_unknown_seconds`).
+        _ => Outcome::Complete(StoredResponse::new(status, "")),
+    }
+}
+
+/// What enforce mode would have counted for a first execution whose answer is of `class`.
+fn executed(class: OutcomeClass) -> RequestResult {
+    if class == OutcomeClass::Release { RequestResult::Released } else { RequestResult::Executed }
+}
+
+/// What shadow mode keeps of a request, to compare it with a record of another fingerprint
+/// version.
+struct Looked {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Looked {
+    /// The request's fingerprint, at `version` (`None`: the current one).
+    fn fingerprint(&self, config: &Config, version: Option<u8>) -> Fingerprint {
+        let (method, uri, headers, body) = (&self.method, &self.uri, &self.headers, &self.body);
+        match version {
+            None => fingerprint::fingerprint(method, uri, headers, body, &config.fingerprint),
+            Some(version) => {
+                match fingerprint::fingerprint_with_version(version, method, uri, headers, body, &config.fingerprint) {
+                    Some(fingerprint) => fingerprint,
+                    // A version this build does not know: another request.
+                    None => Fingerprint::from_parts(0, [0; 32]),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! What the server half reports: metrics through the `metrics` facade (feature `metrics`: the
+//! application installs the exporter it likes, `metrics-exporter-prometheus` say) and one
+//! `tracing` span per guarded request. Without the feature no metric code is compiled in.
+//!
+//! # Metrics
+//!
+//! Names and labels are part of the public interface. Label values are bounded: `operation`
+//! is the operation's name (the explicit name, axum's route template, or the gRPC method
+//! path); raw keys, scopes and tenants never appear in labels. A layer keeps the handles of at
+//! most 256 operations; further operations (a route without a name or template, whose
+//! operation is its raw path) are counted under `operation="other"`.
+//!
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | `idempotency_requests_total` | counter | `operation`, `result` | one per enforced guarded request, by [`RequestResult`] |
+//! | `idempotency_shadow_total` | counter | `operation`, `result` | what enforce mode would have done with a request seen in shadow mode, same `result` values (counted once the answer is produced and the shadow record written) |
+//! | `idempotency_overhead_seconds` | histogram | `operation` | the time the layer adds to an enforced request: everything but the inner service (key, body, fingerprint, store calls, buffering the answer) |
+//! | `idempotency_store_seconds` | histogram | `operation`, `step` | store calls of enforced requests: `begin` (claim or look up), `finish` (store the outcome and commit, or release) |
+//! | `idempotency_stored_bytes` | histogram | `operation` | the body size of each response stored for replay (complete or failed): the storage cost |
+//! | `idempotency_fast_path_total` | counter | `result` | the Redis fast path's events, as `FastPath::stats()` counts them: `hit` (a replay from Redis), `miss` (no cached answer), `lock_acquired`, `lock_waited` (a duplicate waited on the lock), `degraded` (a Redis call failed or timed out: the request went to the store alone) |
+//! | `idempotency_records` | gauge | `state` | records by state, set by the recovery worker from the store's counts |
+//! | `idempotency_oldest_unknown_seconds` | gauge | — | the age of the oldest `unknown` record, set by the recovery worker |
+//! | `idempotency_recovery_total` | counter | `action` | the recovery worker's actions: `marked_unknown`, `reconciled`, `released`, `purged` |
+//!
+//! The last three are emitted by the recovery worker
+//! ([`RecoveryWorker`](crate::RecoveryWorker), on every pass), not by the layer; the same names
+//! are [`recovery::RECORDS`](crate::recovery::RECORDS),
+//! [`recovery::OLDEST_UNKNOWN_SECONDS`](crate::recovery::OLDEST_UNKNOWN_SECONDS) and
+//! [`recovery::RECOVERY_TOTAL`](crate::recovery::RECOVERY_TOTAL).
+//!
+//! `result` values and what they mean (see [`RequestResult`]):
+//!
+//! | `result` | the request |
+//! |---|---|
+//! | `executed` | ran the handler, and its outcome was stored (complete or failed) |
+//! | `replayed` | got a stored answer |
+//! | `key_missing`, `key_invalid` | was refused for its key |
+//! | `key_reused` | came with a key used for a different request |
+//! | `in_flight` | found its original still in flight after the bounded wait |
+//! | `key_expired` | found only a tombstone |
+//! | `outcome_unknown` | found a record whose outcome is unknown |
+//! | `body_too_large` | was refused for its body: over the limit, over the buffer budget, unreadable or late |
+//! | `store_unavailable` | could not be claimed: the store failed (nothing ran) |
+//! | `commit_uncertain` | ran, but its outcome could not be confirmed |
+//! | `released` | ran, and its answer was not stored (the outcome was a release, or the answer's body failed): a retry runs again |
+//! | `response_too_large` | ran, and its answer was too large to store (rolled back) |
+//! | `handle_still_held` | ran, and its handler kept the transaction handle (rolled back) |
+//! | `scope_missing` | had no scope |
+//!
+//! A request the layer passes through unguarded (another method, or an optional key that was
+//! not sent) is not counted, and neither is a request in `Off` mode.
+//!
+//! Useful rates (PromQL):
+//!
+//! ```text
+//! # Safe-retry success rate: replayed over all requests that found an existing record.
+//! sum(rate(idempotency_requests_total{result="replayed"}[5m]))
+//!   / sum(rate(idempotency_requests_total{result=~"replayed|key_reused|in_flight|key_expired|outcome_unknown"}[5m]))
+//! # Conflict rate: refusals for a reused key or a request in flight, over all requests.
+//! sum(rate(idempotency_requests_total{result=~"key_reused|in_flight"}[5m]))
+//!   / sum(rate(idempotency_requests_total[5m]))
+//! # P95 of the layer's own latency.
+//! histogram_quantile(0.95, sum by (le) (rate(idempotency_overhead_seconds_bucket[5m])))
+//! ```
+//!
+//! # Tracing
+//!
+//! Every guarded request runs inside an `INFO` span named `idempotency` with the fields
+//! `operation`, `mode` (`enforce`, `shadow`, `off`), `record` (the identity's digest, never the
+//! key), `result` (as above), `replayed` (bool) and `fencing_token` (leased claims); the
+//! layer's own events and the inner service's spans are inside it. In shadow mode `result` is
+//! not set on the span (nothing was enforced); the debug event
+//! `idempotency (shadow): what enforce mode would have done` carries it.
+
+/// `idempotency_requests_total{operation, result}`.
+pub const REQUESTS: &str = "idempotency_requests_total";
+/// `idempotency_shadow_total{operation, result}`.
+pub const SHADOW: &str = "idempotency_shadow_total";
+/// `idempotency_overhead_seconds{operation}`.
+pub const OVERHEAD: &str = "idempotency_overhead_seconds";
+/// `idempotency_store_seconds{operation, step}`.
+pub const STORE: &str = "idempotency_store_seconds";
+/// `idempotency_stored_bytes{operation}`.
+pub const STORED_BYTES: &str = "idempotency_stored_bytes";
+/// `idempotency_fast_path_total{result}`.
+pub const FAST_PATH: &str = "idempotency_fast_path_total";
+/// `idempotency_records{state}`, set by the recovery worker.
+pub const RECORDS: &str = crate::recovery::RECORDS;
+/// `idempotency_oldest_unknown_seconds`, set by the recovery worker.
+pub const OLDEST_UNKNOWN: &str = crate::recovery::OLDEST_UNKNOWN_SECONDS;
+/// `idempotency_recovery_total{action}`, counted by the recovery worker.
+pub const RECOVERY: &str = crate::recovery::RECOVERY_TOTAL;
+
+use crate::problem::ProblemCode;
+
+/// What became of a guarded request: the `result` label of `idempotency_requests_total` and
+/// `idempotency_shadow_total`, and the `result` field of the `idempotency` span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RequestResult {
+    /// `executed`.
+    Executed,
+    /// `replayed`.
+    Replayed,
+    /// `key_missing`.
+    KeyMissing,
+    /// `key_invalid`.
+    KeyInvalid,
+    /// `key_reused`.
+    KeyReused,
+    /// `in_flight`.
+    InFlight,
+    /// `key_expired`.
+    KeyExpired,
+    /// `outcome_unknown`.
+    OutcomeUnknown,
+    /// `body_too_large`.
+    BodyTooLarge,
+    /// `store_unavailable`.
+    StoreUnavailable,
+    /// `commit_uncertain`.
+    CommitUncertain,
+    /// `released`.
+    Released,
+    /// `response_too_large`.
+    ResponseTooLarge,
+    /// `handle_still_held`.
+    HandleStillHeld,
+    /// `scope_missing`.
+    ScopeMissing,
+}
+
+impl RequestResult {
+    /// Every result, in the order of the table above.
+    pub const ALL: [RequestResult; 15] = [
+        RequestResult::Executed,
+        RequestResult::Replayed,
+        RequestResult::KeyMissing,
+        RequestResult::KeyInvalid,
+        RequestResult::KeyReused,
+        RequestResult::InFlight,
+        RequestResult::KeyExpired,
+        RequestResult::OutcomeUnknown,
+        RequestResult::BodyTooLarge,
+        RequestResult::StoreUnavailable,
+        RequestResult::CommitUncertain,
+        RequestResult::Released,
+        RequestResult::ResponseTooLarge,
+        RequestResult::HandleStillHeld,
+        RequestResult::ScopeMissing,
+    ];
+
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RequestResult::Executed => "executed",
+            RequestResult::Replayed => "replayed",
+            RequestResult::KeyMissing => "key_missing",
+            RequestResult::KeyInvalid => "key_invalid",
+            RequestResult::KeyReused => "key_reused",
+            RequestResult::InFlight => "in_flight",
+            RequestResult::KeyExpired => "key_expired",
+            RequestResult::OutcomeUnknown => "outcome_unknown",
+            RequestResult::BodyTooLarge => "body_too_large",
+            RequestResult::StoreUnavailable => "store_unavailable",
+            RequestResult::CommitUncertain => "commit_uncertain",
+            RequestResult::Released => "released",
+            RequestResult::ResponseTooLarge => "response_too_large",
+            RequestResult::HandleStillHeld => "handle_still_held",
+            RequestResult::ScopeMissing => "scope_missing",
+        }
+    }
+
+    /// The result of a request the layer answered with `code`.
+    pub(crate) fn of_problem(code: ProblemCode) -> Self {
+        match code {
+            ProblemCode::KeyInvalid => RequestResult::KeyInvalid,
+            ProblemCode::KeyMissing => RequestResult::KeyMissing,
+            ProblemCode::KeyReused => RequestResult::KeyReused,
+            ProblemCode::RequestInFlight => RequestResult::InFlight,
+            ProblemCode::KeyExpired => RequestResult::KeyExpired,
+            ProblemCode::OutcomeUnknown => RequestResult::OutcomeUnknown,
+            ProblemCode::BodyTooLarge
+            | ProblemCode::BodyUnreadable
+            | ProblemCode::BodyTimeout
+            | ProblemCode::BufferBudgetExhausted => RequestResult::BodyTooLarge,
+            ProblemCode::StoreUnavailable => RequestResult::StoreUnavailable,
+            ProblemCode::CommitUncertain => RequestResult::CommitUncertain,
+            ProblemCode::ResponseTooLarge => RequestResult::ResponseTooLarge,
+            ProblemCode::HandleStillHeld => RequestResult::HandleStillHeld,
+            ProblemCode::ScopeMissing => RequestResult::ScopeMissing,
+            // The answer's body failed: nothing was stored, a retry runs again.
+            ProblemCode::HandlerFailed => RequestResult::Released,
+            // Not answers of the layer (extractor rejections); never reached from it.
+            ProblemCode::ContextMissing | ProblemCode::TransactionMissing => RequestResult::Released,
+        }
+    }
+}
+
+pub(crate) use imp::{OperationMetrics, Telemetry, Timer};
+
+/// The step label of `idempotency_store_seconds`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StoreStep {
+    Begin,
+    Finish,
+}
+
+#[cfg(feature = "metrics")]
+mod imp {
+    use std::collections::HashMap;
+    use std::sync::{Arc, OnceLock, RwLock};
+    use std::time::{Duration, Instant};
+
+    use metrics::{Counter, Histogram};
+
+    use super::{OVERHEAD, REQUESTS, RequestResult, SHADOW, STORE, STORED_BYTES, StoreStep};
+
+    /// The most operations whose handles a layer keeps.
+    const MAX_OPERATIONS: usize = 256;
+
+    /// A layer's metric handles, per operation, resolved once (shared by the layer's clones).
+    #[derive(Default)]
+    pub(crate) struct Telemetry {
+        operations: RwLock<HashMap<Arc<str>, OperationMetrics>>,
+    }
+
+    impl Telemetry {
+        /// The handles of `operation`.
+        pub(crate) fn operation(&self, operation: &Arc<str>) -> OperationMetrics {
+            let read = self.operations.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(metrics) = read.get(operation) {
+                return metrics.clone();
+            }
+            drop(read);
+            let mut write = self.operations.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let label: Arc<str> = if write.len() < MAX_OPERATIONS { operation.clone() } else { Arc::from("other") };
+            write.entry(operation.clone()).or_insert_with(|| OperationMetrics::new(label)).clone()
+        }
+    }
+
+    /// One operation's handles, each resolved on its first use.
+    #[derive(Clone)]
+    pub(crate) struct OperationMetrics(Arc<Handles>);
+
+    struct Handles {
+        operation: Arc<str>,
+        requests: [OnceLock<Counter>; 15],
+        shadow: [OnceLock<Counter>; 15],
+        overhead: OnceLock<Histogram>,
+        store: [OnceLock<Histogram>; 2],
+        stored_bytes: OnceLock<Histogram>,
+    }
+
+    fn index(result: RequestResult) -> usize {
+        RequestResult::ALL.iter().position(|r| *r == result).unwrap_or(0)
+    }
+
+    impl OperationMetrics {
+        fn new(operation: Arc<str>) -> Self {
+            Self(Arc::new(Handles {
+                operation,
+                requests: Default::default(),
+                shadow: Default::default(),
+                overhead: OnceLock::new(),
+                store: Default::default(),
+                stored_bytes: OnceLock::new(),
+            }))
+        }
+
+        fn label(&self) -> String {
+            self.0.operation.to_string()
+        }
+
+        /// Counts an enforced request.
+        pub(crate) fn request(&self, result: RequestResult) {
+            self.0.requests[index(result)]
+                .get_or_init(|| metrics::counter!(REQUESTS, "operation" => self.label(), "result" => result.as_str()))
+                .increment(1);
+        }
+
+        /// Counts what shadow mode saw.
+        pub(crate) fn shadow(&self, result: RequestResult) {
+            self.0.shadow[index(result)]
+                .get_or_init(|| metrics::counter!(SHADOW, "operation" => self.label(), "result" => result.as_str()))
+                .increment(1);
+        }
+
+        /// The layer's own time on an enforced request.
+        pub(crate) fn overhead(&self, overhead: Duration) {
+            self.0.overhead.get_or_init(|| metrics::histogram!(OVERHEAD, "operation" => self.label())).record(overhead);
+        }
+
+        /// A store call's time.
+        pub(crate) fn store(&self, step: StoreStep, took: Duration) {
+            let (slot, name) = match step {
+                StoreStep::Begin => (0, "begin"),
+                StoreStep::Finish => (1, "finish"),
+            };
+            self.0.store[slot]
+                .get_or_init(|| metrics::histogram!(STORE, "operation" => self.label(), "step" => name))
+                .record(took);
+        }
+
+        /// A stored response's body size.
+        pub(crate) fn stored_bytes(&self, bytes: usize) {
+            self.0
+                .stored_bytes
+                .get_or_init(|| metrics::histogram!(STORED_BYTES, "operation" => self.label()))
+                .record(bytes as f64);
+        }
+    }
+
+    /// Measures the layer's own time: the whole guarded path less the inner service's.
+    pub(crate) struct Timer {
+        start: Instant,
+        inner: Duration,
+    }
+
+    impl Timer {
+        pub(crate) fn start() -> Self {
+            Self { start: Instant::now(), inner: Duration::ZERO }
+        }
+
+        /// Now, to time a step.
+        pub(crate) fn now(&self) -> Option<Instant> {
+            Some(Instant::now())
+        }
+
+        /// The time since `since` (from [`now`](Self::now)).
+        pub(crate) fn since(since: Option<Instant>) -> Duration {
+            since.map_or(Duration::ZERO, |since| since.elapsed())
+        }
+
+        /// The inner service took `took`.
+        pub(crate) fn inner_took(&mut self, took: Duration) {
+            self.inner += took;
+        }
+
+        /// The layer's own time so far.
+        pub(crate) fn overhead(&self) -> Duration {
+            self.start.elapsed().saturating_sub(self.inner)
+        }
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod imp {
+    //! Without the `metrics` feature: the same surface, doing nothing.
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{RequestResult, StoreStep};
+
+    #[derive(Default)]
+    pub(crate) struct Telemetry;
+
+    impl Telemetry {
+        #[inline(always)]
+        pub(crate) fn operation(&self, _: &Arc<str>) -> OperationMetrics {
+            OperationMetrics
+        }
+    }
+
+    #[derive(Clone)]
+    pub(crate) struct OperationMetrics;
+
+    impl OperationMetrics {
+        #[inline(always)]
+        pub(crate) fn request(&self, _: RequestResult) {}
+        #[inline(always)]
+        pub(crate) fn shadow(&self, _: RequestResult) {}
+        #[inline(always)]
+        pub(crate) fn overhead(&self, _: Duration) {}
+        #[inline(always)]
+        pub(crate) fn store(&self, _: StoreStep, _: Duration) {}
+        #[inline(always)]
+        pub(crate) fn stored_bytes(&self, _: usize) {}
+    }
+
+    pub(crate) struct Timer;
+
+    impl Timer {
+        #[inline(always)]
+        pub(crate) fn start() -> Self {
+            Timer
+        }
+        #[inline(always)]
+        pub(crate) fn now(&self) -> Option<std::convert::Infallible> {
+            None
+        }
+        #[inline(always)]
+        pub(crate) fn since(_: Option<std::convert::Infallible>) -> Duration {
+            Duration::ZERO
+        }
+        #[inline(always)]
+        pub(crate) fn inner_took(&mut self, _: Duration) {}
+        #[inline(always)]
+        pub(crate) fn overhead(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! The layer's metrics through the `metrics` facade, read back from a recorder of the test's
+//! own: `idempotency_requests_total` for enforced requests, `idempotency_shadow_total` for what
+//! shadow mode saw, the histograms, cohorts switched at run time, and no key or scope in any
+//! label.
+#![cfg(all(feature = "axum", feature = "metrics"))]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+use tower::ServiceExt;
+use tower_idempotency::telemetry::{OVERHEAD, REQUESTS, SHADOW, STORE, STORED_BYTES};
+use tower_idempotency::{Cohort, IdempotencyLayer, MemoryStore, RolloutMode, RolloutSwitch, Scope};
+
+/// Counters and histogram sample counts by `name{label=value,...}`.
+#[derive(Default)]
+struct Recorded(Mutex<BTreeMap<String, Arc<Count>>>);
+
+#[derive(Default)]
+struct Count(AtomicU64);
+
+impl CounterFn for Count {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::Relaxed);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.store(value, Ordering::Relaxed);
+    }
+}
+
+impl HistogramFn for Count {
+    fn record(&self, _value: f64) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Recorded {
+    fn get(&self, name: &str) -> u64 {
+        self.0.lock().unwrap().get(name).map_or(0, |count| count.0.load(Ordering::Relaxed))
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0.lock().unwrap().keys().cloned().collect()
+    }
+
+    fn entry(&self, key: &Key) -> Arc<Count> {
+        let labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+        let name =
+            if labels.is_empty() { key.name().to_owned() } else { format!("{}{{{}}}", key.name(), labels.join(",")) };
+        self.0.lock().unwrap().entry(name).or_default().clone()
+    }
+}
+
+impl Recorder for Recorded {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.entry(key))
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(self.entry(key))
+    }
+}
+
+/// The app: `POST /orders` counts its executions and answers 201 (or 422 for the body `bad`);
+/// the scope is the `x-tenant` header.
+fn app(switch: RolloutSwitch, executions: Arc<AtomicU64>) -> Router {
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .operation("orders.create")
+        .scope_with(|parts| parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(Scope::new))
+        .rollout(switch);
+    let handler = move |body: String| {
+        let executions = executions.clone();
+        async move {
+            executions.fetch_add(1, Ordering::Relaxed);
+            if body == "bad" {
+                return Ok::<_, Infallible>((StatusCode::UNPROCESSABLE_ENTITY, "bad".to_owned()));
+            }
+            Ok((StatusCode::CREATED, format!("created {body}")))
+        }
+    };
+    Router::new().route("/orders", post(handler).layer(layer))
+}
+
+/// Sends `body` for `tenant` with `key`; the status and whether it was a replay.
+async fn send(app: &Router, tenant: Option<&str>, key: Option<&str>, body: &str) -> (StatusCode, bool) {
+    let mut request = Request::post("/orders").header("content-type", "text/plain");
+    if let Some(tenant) = tenant {
+        request = request.header("x-tenant", tenant);
+    }
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = app.clone().oneshot(request.body(Body::from(body.to_owned())).unwrap()).await.unwrap();
+    let replayed = response.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
+    let status = response.status();
+    let _ = response.into_body().collect().await.unwrap();
+    (status, replayed)
+}
+
+fn requests(result: &str) -> String {
+    format!("{REQUESTS}{{operation=orders.create,result={result}}}")
+}
+
+fn shadow(result: &str) -> String {
+    format!("{SHADOW}{{operation=orders.create,result={result}}}")
+}
+
+/// Waits (bounded) until `name` reaches `at_least`: shadow counts arrive after the answer.
+async fn eventually(recorded: &Recorded, name: &str, at_least: u64) -> u64 {
+    for _ in 0..500 {
+        if recorded.get(name) >= at_least {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    recorded.get(name)
+}
+
+#[tokio::test]
+async fn enforced_requests_are_counted_by_result_with_their_histograms() {
+    let recorded = Arc::new(Recorded::default());
+    let _guard = metrics::set_default_local_recorder(&*recorded);
+    let app = app(RolloutSwitch::new(RolloutMode::Enforce), Arc::default());
+    let key = "secret-key-value-1";
+    assert_eq!(send(&app, Some("tenant-a"), Some(key), "a").await, (StatusCode::CREATED, false));
+    assert_eq!(send(&app, Some("tenant-a"), Some(key), "a").await, (StatusCode::CREATED, true));
+    assert_eq!(send(&app, Some("tenant-a"), Some(key), "other").await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(send(&app, Some("tenant-a"), None, "a").await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(send(&app, Some("tenant-a"), Some("\"a\", \"b\""), "a").await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(send(&app, None, Some("k2"), "a").await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(send(&app, Some("tenant-a"), Some("k3"), "bad").await.0, StatusCode::UNPROCESSABLE_ENTITY);
+
+    for (result, expected) in [
+        ("executed", 1),
+        ("replayed", 1),
+        ("key_reused", 1),
+        ("key_missing", 1),
+        ("scope_missing", 1),
+        ("released", 1),
+        ("key_invalid", 1),
+    ] {
+        assert_eq!(recorded.get(&requests(result)), expected, "{result}: {:?}", recorded.names());
+    }
+    assert_eq!(recorded.get(&format!("{OVERHEAD}{{operation=orders.create}}")), 7, "one overhead sample each");
+    assert_eq!(recorded.get(&format!("{STORE}{{operation=orders.create,step=begin}}")), 4, "four claims or look-ups");
+    assert_eq!(recorded.get(&format!("{STORE}{{operation=orders.create,step=finish}}")), 2, "a complete and a release");
+    assert_eq!(recorded.get(&format!("{STORED_BYTES}{{operation=orders.create}}")), 1, "one answer stored");
+    assert_eq!(recorded.get(&shadow("executed")), 0, "enforced requests are not shadow counts");
+    for name in recorded.names() {
+        assert!(!name.contains(key) && !name.contains("tenant-a"), "a key or scope in a label: {name}");
+    }
+}
+
+#[tokio::test]
+async fn shadow_mode_counts_what_enforce_would_have_done_and_never_changes_an_answer() {
+    let recorded = Arc::new(Recorded::default());
+    let _guard = metrics::set_default_local_recorder(&*recorded);
+    let switch = RolloutSwitch::new(RolloutMode::Shadow);
+    let executions = Arc::new(AtomicU64::new(0));
+    let app = app(switch.clone(), executions.clone());
+
+    assert_eq!(send(&app, Some("t"), Some("k"), "a").await, (StatusCode::CREATED, false));
+    assert_eq!(eventually(&recorded, &shadow("executed"), 1).await, 1);
+    assert_eq!(send(&app, Some("t"), Some("k"), "a").await, (StatusCode::CREATED, false), "never replayed");
+    assert_eq!(eventually(&recorded, &shadow("replayed"), 1).await, 1);
+    assert_eq!(send(&app, Some("t"), Some("k"), "b").await, (StatusCode::CREATED, false), "never refused");
+    assert_eq!(eventually(&recorded, &shadow("key_reused"), 1).await, 1);
+    assert_eq!(send(&app, Some("t"), None, "a").await, (StatusCode::CREATED, false));
+    assert_eq!(recorded.get(&shadow("key_missing")), 1, "counted before the handler runs");
+    assert_eq!(executions.load(Ordering::Relaxed), 4, "the handler ran every time");
+    assert!(recorded.names().iter().all(|name| !name.starts_with(REQUESTS)), "{:?}", recorded.names());
+
+    // Enforcement on: the shadow record is apart, so the key executes once more, then replays.
+    switch.set(RolloutMode::Enforce);
+    assert_eq!(send(&app, Some("t"), Some("k"), "a").await, (StatusCode::CREATED, false));
+    assert_eq!(send(&app, Some("t"), Some("k"), "a").await, (StatusCode::CREATED, true));
+    assert_eq!(executions.load(Ordering::Relaxed), 5);
+    assert_eq!((recorded.get(&requests("executed")), recorded.get(&requests("replayed"))), (1, 1));
+}
+
+#[tokio::test]
+async fn a_cohort_is_enforced_and_can_be_changed_at_run_time() {
+    let switch = RolloutSwitch::new(RolloutMode::Off);
+    let executions = Arc::new(AtomicU64::new(0));
+    let app = app(switch.clone(), executions.clone());
+    switch.set_cohort(Some(Cohort::scopes(["in"])));
+    assert_eq!(send(&app, Some("in"), Some("k"), "a").await, (StatusCode::CREATED, false));
+    assert_eq!(send(&app, Some("in"), Some("k"), "a").await, (StatusCode::CREATED, true), "the cohort is enforced");
+    assert_eq!(send(&app, Some("out"), Some("k"), "a").await, (StatusCode::CREATED, false));
+    assert_eq!(send(&app, Some("out"), Some("k"), "a").await, (StatusCode::CREATED, false), "outside: off");
+    assert_eq!(send(&app, Some("out"), None, "a").await.0, StatusCode::CREATED, "off refuses nothing");
+    assert_eq!(executions.load(Ordering::Relaxed), 4);
+    // The cohort changes for the next request.
+    switch.set_cohort(Some(Cohort::scopes(["out"])));
+    assert_eq!(send(&app, Some("out"), Some("k2"), "a").await, (StatusCode::CREATED, false));
+    assert_eq!(send(&app, Some("out"), Some("k2"), "a").await, (StatusCode::CREATED, true));
+    assert_eq!(send(&app, Some("in"), Some("k"), "a").await, (StatusCode::CREATED, false), "no longer enforced");
+    assert_eq!(executions.load(Ordering::Relaxed), 6);
+}
