@@ -3,7 +3,9 @@
 //! its replay, 402 stored, 503 `payment_provider_unavailable` released with the attempt kept
 //! pending, 202 unknown with `Location: /operations/{id}` and the record `unknown` until the
 //! reconciler settles it, 404, both 409s, 503 `payments_unavailable` without `PSP_URL`, and the
-//! operator's settlement of an unknown attempt when the provider has no idempotency.
+//! operator's settlement of an unknown attempt when the provider has no idempotency. Built with
+//! `outbox`: each settled payment (handler, reconciler, operator) leaves exactly one
+//! `payment.succeeded` / `payment.declined` event and a replay none, on SQLite and PostgreSQL.
 #![cfg(all(feature = "axum", feature = "sqlite", feature = "testkit"))]
 
 mod support;
@@ -60,12 +62,18 @@ impl Drop for Psp {
 /// The service on a fresh SQLite file, paying through `psp` (or with no provider).
 struct Service {
     server: Server,
+    url: String,
     _cleanup: support::Cleanup,
 }
 
 fn service(psp: Option<&Psp>, env: &[(&str, &str)]) -> Service {
     let (path, cleanup) = support::sqlite_path("tidem_payments_api");
     let url = format!("sqlite:{}?mode=rwc", path.display());
+    Service { server: service_on(&url, psp, env), url, _cleanup: cleanup }
+}
+
+/// The service on the database at `url`, paying through `psp` (or with no provider).
+fn service_on(url: &str, psp: Option<&Psp>, env: &[(&str, &str)]) -> Server {
     let psp_url = psp.map(|psp| format!("http://{}", psp.addr)).unwrap_or_default();
     let mut all = vec![
         ("PSP_URL", psp_url.as_str()),
@@ -75,7 +83,7 @@ fn service(psp: Option<&Psp>, env: &[(&str, &str)]) -> Service {
         ("ORDERS_ADMIN_TOKEN", ADMIN_TOKEN),
     ];
     all.extend_from_slice(env);
-    Service { server: Server::start_with(&url, free_port(), &all), _cleanup: cleanup }
+    Server::start_with(url, free_port(), &all)
 }
 
 fn json(reply: &Reply) -> Value {
@@ -271,6 +279,12 @@ fn without_provider_idempotency_an_unknown_payment_waits_for_the_operator() {
         assert_eq!(json(&settled)["status"], "succeeded");
         let twice = operator_settle(admin, &payment_id, &body, ADMIN_TOKEN).await;
         assert_eq!((twice.status, code(&twice)), (409, "payment_not_unknown".to_owned()));
+        #[cfg(feature = "outbox")]
+        {
+            let events = payment_events(&service.url).await;
+            assert_eq!(events.len(), 1, "the operator's settlement enqueued one event: {events:?}");
+            assert_one_event(&events, &order_id, 1100, &payments(addr, &order_id).await[0]);
+        }
 
         let replay = pay(addr, &order_id, "n-1").await;
         assert_eq!((replay.status, replay.header("idempotent-replayed")), (201, Some("true")), "{}", replay.text());
@@ -379,5 +393,105 @@ fn concurrent_first_payments_with_different_keys_make_one_attempt_and_one_charge
         }
         assert_eq!(payments(addr, &order_id).await.len(), 1);
         assert_eq!(psp.charges().await.len(), 1);
+    });
+}
+
+/// The `payment.*` events in the outbox of the database at `url`: (event id, type, body).
+#[cfg(feature = "outbox")]
+async fn payment_events(url: &str) -> Vec<(String, String, Value)> {
+    const SQL: &str = "SELECT event_id, event_type, body FROM outbox_events WHERE event_type LIKE 'payment.%'";
+    let rows: Vec<(String, String, Vec<u8>)> = if url.starts_with("postgres") {
+        #[cfg(feature = "postgres")]
+        {
+            let pool = sqlx::PgPool::connect(url).await.expect("connect");
+            let rows = sqlx::query_as(SQL).fetch_all(&pool).await.expect("read the outbox");
+            pool.close().await;
+            rows
+        }
+        #[cfg(not(feature = "postgres"))]
+        unreachable!("no PostgreSQL in this build")
+    } else {
+        let pool = sqlx::SqlitePool::connect(url).await.expect("connect");
+        let rows = sqlx::query_as(SQL).fetch_all(&pool).await.expect("read the outbox");
+        pool.close().await;
+        rows
+    };
+    rows.into_iter().map(|(id, kind, body)| (id, kind, serde_json::from_slice(&body).expect("JSON body"))).collect()
+}
+
+/// Asserts that `payment` (as `GET /orders/{order_id}/payments` lists it) left exactly one event,
+/// `payment.<status>`, with the payment's id and its data.
+#[cfg(feature = "outbox")]
+fn assert_one_event(events: &[(String, String, Value)], order_id: &str, amount: u64, payment: &Value) {
+    let payment_id = payment["payment_id"].as_str().expect("payment_id");
+    let status = payment["status"].as_str().expect("status");
+    let of_it: Vec<_> = events.iter().filter(|(.., body)| body["data"]["payment_id"] == payment_id).collect();
+    assert_eq!(of_it.len(), 1, "one event for {payment_id}: {events:?}");
+    let (id, kind, body) = of_it[0];
+    assert_eq!(kind, &format!("payment.{status}"));
+    assert_eq!(body["type"], kind.as_str());
+    assert_eq!(id, &format!("evt_payment.{status}_{payment_id}"), "the id derived from the payment");
+    let mut expected = payment.clone();
+    let fields = expected.as_object_mut().expect("a payment object");
+    fields.insert("order_id".into(), order_id.into());
+    fields.insert("amount_minor".into(), amount.into());
+    fields.insert("currency".into(), "JPY".into());
+    assert_eq!(body["data"], expected, "the payment as listed, with its order and amount");
+}
+
+/// A succeeded payment, a declined one and one the reconciler settled each enqueue one event of
+/// their type; replays enqueue none.
+#[cfg(feature = "outbox")]
+async fn settled_payments_enqueue_one_event_each(url: &str) {
+    let mut settled = Vec::new();
+    {
+        let psp = Psp::start(&[]);
+        let server = service_on(url, Some(&psp), &[]);
+        let addr = server.addr;
+        for (amount, key, status) in [(1200, "e-1", 201), (5402, "e-2", 402)] {
+            let order_id = order(addr, ALICE, amount).await;
+            assert_eq!(pay(addr, &order_id, key).await.status, status);
+            let replay = pay(addr, &order_id, key).await;
+            assert_eq!((replay.status, replay.header("idempotent-replayed")), (status, Some("true")));
+            settled.push((order_id.clone(), amount, payments(addr, &order_id).await));
+        }
+    }
+    {
+        let psp = Psp::start(&[("PSP_AMBIGUOUS_RATE", "1"), ("PSP_STALL_MS", "1500")]);
+        let server = service_on(url, Some(&psp), &[]);
+        let addr = server.addr;
+        let order_id = order(addr, ALICE, 900).await;
+        assert_eq!(pay(addr, &order_id, "e-3").await.status, 202);
+        assert_eq!(until_settled(addr, &order_id, "e-3").await.status, 201);
+        let replay = pay(addr, &order_id, "e-3").await;
+        assert_eq!((replay.status, replay.header("idempotent-replayed")), (201, Some("true")));
+        settled.push((order_id.clone(), 900, payments(addr, &order_id).await));
+    }
+    let events = payment_events(url).await;
+    assert_eq!(events.len(), 3, "one event per settled payment, none per replay: {events:?}");
+    let statuses: Vec<_> = settled.iter().map(|(.., listed)| listed[0]["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["succeeded", "declined", "succeeded"]);
+    for (order_id, amount, listed) in &settled {
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_one_event(&events, order_id, *amount, &listed[0]);
+    }
+}
+
+#[cfg(feature = "outbox")]
+#[test]
+fn settled_payments_enqueue_one_event_each_on_sqlite() {
+    tower_idempotency::testkit::run(async {
+        let (path, cleanup) = support::sqlite_path("tidem_payments_events");
+        settled_payments_enqueue_one_event_each(&format!("sqlite:{}?mode=rwc", path.display())).await;
+        drop(cleanup);
+    });
+}
+
+#[cfg(all(feature = "outbox", feature = "postgres"))]
+#[test]
+fn settled_payments_enqueue_one_event_each_on_postgres() {
+    tower_idempotency::testkit::run(async {
+        let url = support::server::fresh_database("tidem_payments_events").await;
+        settled_payments_enqueue_one_event_each(&url).await;
     });
 }

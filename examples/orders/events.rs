@@ -1,5 +1,5 @@
 //! The service's events (feature `outbox`): `order.created` written to the outbox table in the
-//! create transaction, the relay that delivers them as Standard Webhooks, and
+//! create transaction, `payment.succeeded` / `payment.declined` in the settlement's, the relay that delivers them as Standard Webhooks, and
 //! `GET /admin/outbox/counts` on the operator listener.
 //!
 //! - `ORDERS_WEBHOOK_URL` (`http://…`): where the relay `POST`s each event. Unset: events stay
@@ -13,13 +13,26 @@
 //! identity: its event's id is derived from the order's id instead. The body is `{"type":"order.created","timestamp":…,"data":<the order>}`, the order
 //! exactly as `POST /orders` answered it.
 //!
-//! In a build without the `outbox` feature no event is written and setting
+//! Every settlement of a payment attempt to `succeeded` or `declined` (by the handler, the
+//! reconciler or the operator's `POST /admin/payments/{payment_id}/settle`) enqueues
+//! `payment.succeeded` or `payment.declined` in the transaction of its conditional update
+//! (`payments/attempts.rs`): a settlement that loses its race changes nothing and enqueues
+//! nothing, and a replay settles nothing. Its id is `evt_payment.<status>_<payment_id>`, the same
+//! whichever path settled it; its data is the payment as `GET /orders/{order_id}/payments` shows
+//! it (`payment_id`, `status`, `charge_id`, `created_at`, `settled_at`) with `order_id`,
+//! `amount_minor` (exact) and `currency`; its timestamp is `settled_at`.
+//!
+//! In a build without the `outbox` feature no event (of either kind) is written and setting
 //! `ORDERS_WEBHOOK_URL` refuses to start: `cargo run --features outbox --example orders`.
 
+#[cfg(all(feature = "outbox", feature = "postgres"))]
+pub(crate) use with_outbox::payment_settled_postgres;
 #[cfg(feature = "outbox")]
-pub(crate) use with_outbox::{order_created, start};
+pub(crate) use with_outbox::{order_created, payment_settled_sqlite, start};
+#[cfg(all(not(feature = "outbox"), feature = "postgres"))]
+pub(crate) use without_outbox::payment_settled_postgres;
 #[cfg(not(feature = "outbox"))]
-pub(crate) use without_outbox::{order_created, start};
+pub(crate) use without_outbox::{order_created, payment_settled_sqlite, start};
 
 #[cfg(feature = "outbox")]
 mod with_outbox {
@@ -35,8 +48,10 @@ mod with_outbox {
     };
     use tower_idempotency::{BoxError, IdempotencyContext};
 
+    use super::super::book::created_at::CreatedAt;
     use super::super::book::order::Order;
     use super::super::book::storage::{OrderBook, OrderTx, StorageError};
+    use super::super::payments::Attempt;
     use super::super::problem::ApiProblem;
 
     /// Writes `order.created` for `order` in the create transaction `tx` (before `insert`
@@ -67,6 +82,76 @@ mod with_outbox {
             _ => return Err(ApiProblem::internal()),
         };
         enqueued.map(drop).map_err(|error| ApiProblem::create_failed(storage_error(error)))
+    }
+
+    /// Writes `payment.succeeded` or `payment.declined` for the just-settled `attempt` on `conn`,
+    /// the settlement's own transaction: it commits with the state change, or not at all.
+    pub(crate) async fn payment_settled_sqlite(
+        pool: &sqlx::SqlitePool,
+        conn: &mut sqlx::SqliteConnection,
+        attempt: &Attempt,
+    ) -> Result<(), sqlx::Error> {
+        let event = payment_event(attempt)?;
+        SqliteOutbox::new(pool.clone()).enqueue_on(conn, &event).await.map(drop).map_err(sqlx_error)
+    }
+
+    /// [`payment_settled_sqlite`] on PostgreSQL.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn payment_settled_postgres(
+        pool: &sqlx::PgPool,
+        conn: &mut sqlx::PgConnection,
+        attempt: &Attempt,
+    ) -> Result<(), sqlx::Error> {
+        let event = payment_event(attempt)?;
+        PostgresOutbox::new(pool.clone()).enqueue_on(conn, &event).await.map(drop).map_err(sqlx_error)
+    }
+
+    /// The payment as `GET /orders/{order_id}/payments` shows it, with its order and amount.
+    #[derive(serde::Serialize)]
+    struct PaymentData<'a> {
+        payment_id: &'a str,
+        order_id: &'a str,
+        status: &'a str,
+        charge_id: Option<&'a str>,
+        amount_minor: &'a serde_json::value::RawValue,
+        currency: &'a str,
+        created_at: String,
+        settled_at: Option<String>,
+    }
+
+    /// The settled attempt's event: `payment.<state>`, its id `evt_payment.<state>_<payment_id>`
+    /// (the same whichever path settled it), timestamped when it settled.
+    fn payment_event(attempt: &Attempt) -> Result<NewEvent, sqlx::Error> {
+        let event_type = format!("payment.{}", attempt.state);
+        let encode = |error: serde_json::Error| sqlx::Error::Encode(error.into());
+        let amount: Box<serde_json::value::RawValue> =
+            serde_json::value::RawValue::from_string(attempt.amount_minor.clone()).map_err(encode)?;
+        let data = PaymentData {
+            payment_id: &attempt.payment_id,
+            order_id: &attempt.order_id,
+            status: &attempt.state,
+            charge_id: attempt.charge_id.as_deref(),
+            amount_minor: &amount,
+            currency: &attempt.currency,
+            created_at: CreatedAt::from_unix_micros(attempt.created_at).to_string(),
+            settled_at: attempt.settled_at.map(|at| CreatedAt::from_unix_micros(at).to_string()),
+        };
+        let id = EventId::new(format!("evt_{event_type}_{}", attempt.payment_id))
+            .ok_or_else(|| sqlx::Error::Encode("the payment id makes no event id".into()))?;
+        let settled = attempt.settled_at.and_then(|at| u64::try_from(at).ok()).unwrap_or(0);
+        let time = std::time::UNIX_EPOCH + std::time::Duration::from_micros(settled);
+        NewEvent::new(id, &event_type, &data, time).map_err(encode)
+    }
+
+    /// An outbox failure as the settlement's: the database's, or a bug.
+    fn sqlx_error(error: OutboxError) -> sqlx::Error {
+        match error {
+            OutboxError::Unavailable(error) => match error.downcast::<sqlx::Error>() {
+                Ok(error) => *error,
+                Err(error) => sqlx::Error::Encode(error),
+            },
+            error => sqlx::Error::Encode(error.into()),
+        }
     }
 
     /// Creates the outbox table, starts the relay when `ORDERS_WEBHOOK_URL` is set, and returns
@@ -158,6 +243,7 @@ mod without_outbox {
 
     use super::super::book::order::Order;
     use super::super::book::storage::{OrderBook, OrderTx};
+    use super::super::payments::Attempt;
     use super::super::problem::ApiProblem;
 
     /// No outbox in this build: nothing is written.
@@ -167,6 +253,25 @@ mod without_outbox {
         _context: Option<&IdempotencyContext>,
         _order: &Order,
     ) -> Result<(), ApiProblem> {
+        Ok(())
+    }
+
+    /// No outbox in this build: nothing is written.
+    pub(crate) async fn payment_settled_sqlite(
+        _pool: &sqlx::SqlitePool,
+        _conn: &mut sqlx::SqliteConnection,
+        _attempt: &Attempt,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    /// No outbox in this build: nothing is written.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn payment_settled_postgres(
+        _pool: &sqlx::PgPool,
+        _conn: &mut sqlx::PgConnection,
+        _attempt: &Attempt,
+    ) -> Result<(), sqlx::Error> {
         Ok(())
     }
 

@@ -118,8 +118,9 @@
 //!   and has a lookup. See `payments/mod.rs`.
 //!
 //! - `ORDERS_WEBHOOK_URL` and `ORDERS_WEBHOOK_SECRET` (in a build with the `outbox` feature):
-//!   every order's `order.created` event, written to the outbox in the create transaction, is
-//!   delivered there as a signed Standard Webhook; the secret (`whsec_…`) is required when the URL
+//!   every order's `order.created` event, written to the outbox in the create transaction, and
+//!   every settled payment's `payment.succeeded` or `payment.declined`, written in the
+//!   settlement's, are delivered there as signed Standard Webhooks; the secret (`whsec_…`) is required when the URL
 //!   is set. `GET /admin/outbox/counts` on the operator listener. See `events.rs`.
 //!
 //! It speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, with limits on what
@@ -256,7 +257,7 @@
 //! - `api`: the routes (idempotency on `POST /orders` only) and their handlers;
 //! - `create_request`: the body of `POST /orders`, read strictly;
 //! - `cursor`: the signed pagination cursors;
-//! - `events`: `order.created` in the outbox, the webhook relay, the outbox counts;
+//! - `events`: `order.created` and `payment.succeeded`/`payment.declined` in the outbox, the webhook relay, the outbox counts;
 //! - `problem`: every error answer;
 //! - `book`: the orders, their rules and their table, shared with the gRPC example;
 //! - `limits`: the body deadline and the buffer budget, from the environment;

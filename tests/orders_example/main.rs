@@ -23,6 +23,8 @@ mod orders {
     mod operations;
     pub mod operator;
     mod operator_request;
+    // Only for what the events module enqueues when a payment settles.
+    mod payments;
     mod problem;
     pub mod recovery;
 }

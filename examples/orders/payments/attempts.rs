@@ -19,6 +19,7 @@ use sqlx::FromRow;
 use tower_idempotency::BoxError;
 
 use super::super::book::storage::OrderBook;
+use super::super::events;
 
 /// The provider name kept with each attempt.
 pub(crate) const PROVIDER: &str = "psp";
@@ -212,40 +213,67 @@ pub(crate) async fn mark_unknown(book: &OrderBook, payment_id: &str) -> Result<b
 }
 
 /// `pending` or `unknown` → `succeeded` with the provider's charge, on evidence (the provider's
-/// answer or its lookup).
+/// answer or its lookup), and `payment.succeeded` enqueued in the same transaction.
 pub(crate) async fn settle_succeeded(
     book: &OrderBook,
     payment_id: &str,
     charge_id: &str,
     now: i64,
 ) -> Result<bool, sqlx::Error> {
-    const SQL: &str = "UPDATE payment_attempts SET state = 'succeeded', charge_id = $2, open_call = 0, settled_at = $3 \
-                       WHERE payment_id = $1 AND state IN ('pending', 'unknown')";
-    on_pool!(book, pool => sqlx::query(SQL)
-        .bind(payment_id)
-        .bind(charge_id)
-        .bind(now)
-        .execute(pool)
-        .await
-        .map(|done| done.rows_affected() == 1))
+    settle(book, "succeeded", payment_id, Some(charge_id), now).await
 }
 
-/// `pending` or `unknown` → `declined`, on evidence.
+/// `pending` or `unknown` → `declined`, on evidence, and `payment.declined` enqueued in the
+/// same transaction.
 pub(crate) async fn settle_declined(
     book: &OrderBook,
     payment_id: &str,
     charge_id: Option<&str>,
     now: i64,
 ) -> Result<bool, sqlx::Error> {
-    const SQL: &str = "UPDATE payment_attempts SET state = 'declined', charge_id = $2, open_call = 0, settled_at = $3 \
-                       WHERE payment_id = $1 AND state IN ('pending', 'unknown')";
-    on_pool!(book, pool => sqlx::query(SQL)
-        .bind(payment_id)
-        .bind(charge_id)
-        .bind(now)
-        .execute(pool)
-        .await
-        .map(|done| done.rows_affected() == 1))
+    settle(book, "declined", payment_id, charge_id, now).await
+}
+
+/// `pending` or `unknown` → `state` (`succeeded` or `declined`), conditional, and the
+/// payment's event (`events.rs`) enqueued in the same transaction: a settlement that loses
+/// its race changes nothing and enqueues nothing. Whether it changed the row.
+async fn settle(
+    book: &OrderBook,
+    state: &'static str,
+    payment_id: &str,
+    charge_id: Option<&str>,
+    now: i64,
+) -> Result<bool, sqlx::Error> {
+    let sql = format!(
+        "UPDATE payment_attempts SET state = $4, charge_id = $2, open_call = 0, settled_at = $3 \
+         WHERE payment_id = $1 AND state IN ('pending', 'unknown') RETURNING {COLUMNS}"
+    );
+    // The same statement on either backend's transaction.
+    macro_rules! query {
+        () => {
+            sqlx::query_as::<_, Attempt>(sqlx::AssertSqlSafe(sql.as_str()))
+                .bind(payment_id)
+                .bind(charge_id)
+                .bind(now)
+                .bind(state)
+        };
+    }
+    match book {
+        OrderBook::Sqlite(pool) => {
+            let mut tx = pool.begin().await?;
+            let Some(settled) = query!().fetch_optional(&mut *tx).await? else { return Ok(false) };
+            events::payment_settled_sqlite(pool, &mut tx, &settled).await?;
+            tx.commit().await?;
+        }
+        #[cfg(feature = "postgres")]
+        OrderBook::Postgres(pool) => {
+            let mut tx = pool.begin().await?;
+            let Some(settled) = query!().fetch_optional(&mut *tx).await? else { return Ok(false) };
+            events::payment_settled_postgres(pool, &mut tx, &settled).await?;
+            tx.commit().await?;
+        }
+    }
+    Ok(true)
 }
 
 /// `unknown` → `pending` with no open call: an operator found that the provider never

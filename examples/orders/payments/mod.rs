@@ -22,7 +22,9 @@
 //!   unknown ──operator settles──► succeeded | declined | pending, no open call (not_executed)
 //! ```
 //!
-//! Every change is a conditional update naming the state it expects (`attempts.rs`). With a
+//! Every change is a conditional update naming the state it expects (`attempts.rs`). A change to
+//! `succeeded` or `declined` enqueues `payment.succeeded` or `payment.declined` in its own
+//! transaction (built with `outbox`; see `events.rs`), whichever path made it. With a
 //! provider that is not idempotent (`ORDERS_PSP_IDEMPOTENT=false`) an open call is never sent
 //! again: only the provider's own "not executed" (its 503, or a connection never made) gives
 //! the permit back; anything else stays `unknown` for an operator. With an idempotent one, an
@@ -63,7 +65,7 @@ pub(crate) use config::PaymentSettings;
 use super::book::created_at::CreatedAt;
 use super::book::storage::OrderBook;
 use super::lifecycle::Lifecycle;
-use attempts::Attempt;
+pub(crate) use attempts::Attempt;
 use provider::{Charge, Provider};
 use reconcile::PaymentReconciler;
 
