@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use http::StatusCode;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use super::dialect::{Arg, Bound, Dialect};
+use super::dialect::{Arg, Bound, Dialect, InfoRow};
 use super::{Records, millis, unavailable};
 use crate::key::{RecordId, Scope};
 use crate::record::{RecordState, StoredResponse};
@@ -41,26 +41,6 @@ const IS_UNKNOWN: &str = "state || '' = 'unknown'";
 /// The longest first backoff the checkout statement shifts (2^32 ms, about 50 days), so that
 /// doubling it 30 times stays within a bigint.
 const MAX_FIRST_BACKOFF_MS: i64 = 1 << 32;
-
-/// A record's row as the admin statements read it, in their column order.
-#[derive(Debug)]
-pub(crate) struct InfoRow {
-    pub(crate) record_id: Vec<u8>,
-    pub(crate) state: String,
-    pub(crate) operation: Option<String>,
-    pub(crate) fingerprint_version: i16,
-    pub(crate) fencing_token: i64,
-    pub(crate) created_ms: i64,
-    pub(crate) updated_ms: i64,
-    pub(crate) until_ms: Option<i64>,
-    pub(crate) forget_ms: Option<i64>,
-    pub(crate) lease_ms: Option<i64>,
-    pub(crate) status: Option<i16>,
-    pub(crate) headers: Option<Vec<u8>>,
-    pub(crate) attempts: i64,
-    pub(crate) expired: bool,
-    pub(crate) forgotten: bool,
-}
 
 fn time(ms: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)

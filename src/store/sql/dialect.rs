@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use sqlx::{Database, SqlStr};
 
-use super::admin::InfoRow;
 use super::{RecordRow, millis};
 use crate::store::StoreError;
 
@@ -172,7 +171,7 @@ macro_rules! run_bound_statements {
         async fn fetch_infos(
             conn: &mut <$db as sqlx::Database>::Connection,
             statement: $crate::store::sql::dialect::Bound,
-        ) -> Result<Vec<$crate::store::sql::admin::InfoRow>, $crate::store::StoreError> {
+        ) -> Result<Vec<$crate::store::sql::dialect::InfoRow>, $crate::store::StoreError> {
             let rows = bind(statement).fetch_all(conn).await.map_err($crate::store::sql::unavailable)?;
             rows.iter().map(info_row).collect()
         }
@@ -233,10 +232,10 @@ macro_rules! bind_and_decode {
         }
 
         /// A record row, in the column order of the admin statements.
-        fn info_row(row: &$row) -> Result<$crate::store::sql::admin::InfoRow, $crate::store::StoreError> {
+        fn info_row(row: &$row) -> Result<$crate::store::sql::dialect::InfoRow, $crate::store::StoreError> {
             use sqlx::Row;
             let corrupt = |e: sqlx::Error| $crate::store::StoreError::Corrupt(e.to_string());
-            Ok($crate::store::sql::admin::InfoRow {
+            Ok($crate::store::sql::dialect::InfoRow {
                 record_id: row.try_get(0).map_err(corrupt)?,
                 state: row.try_get(1).map_err(corrupt)?,
                 operation: row.try_get(2).map_err(corrupt)?,
@@ -258,3 +257,23 @@ macro_rules! bind_and_decode {
 }
 
 pub(crate) use {bind_and_decode, run_bound_statements};
+
+/// A record's row as the admin statements read it, in their column order.
+#[derive(Debug)]
+pub(crate) struct InfoRow {
+    pub(crate) record_id: Vec<u8>,
+    pub(crate) state: String,
+    pub(crate) operation: Option<String>,
+    pub(crate) fingerprint_version: i16,
+    pub(crate) fencing_token: i64,
+    pub(crate) created_ms: i64,
+    pub(crate) updated_ms: i64,
+    pub(crate) until_ms: Option<i64>,
+    pub(crate) forget_ms: Option<i64>,
+    pub(crate) lease_ms: Option<i64>,
+    pub(crate) status: Option<i16>,
+    pub(crate) headers: Option<Vec<u8>>,
+    pub(crate) attempts: i64,
+    pub(crate) expired: bool,
+    pub(crate) forgotten: bool,
+}
