@@ -1,15 +1,21 @@
-//! Shadow mode's added latency against `off`, on SQLite and on PostgreSQL, in one run.
+//! Shadow mode's added latency against `off`, on SQLite and on PostgreSQL, in one run, and
+//! against the floor: `off` with the one write shadow mode cannot do without.
 //!
-//! The route is an atomic handler: it takes the `TxHandle` and inserts an order through it. In
-//! `off` it gets the store's plain transaction; in `shadow` it gets the transaction of the
-//! request's shadow claim, and the layer also buffers the body, computes the fingerprint, looks
-//! the shadow identity up and stores the shadow record before the COMMIT. Each request has a
-//! fresh key. One client sends requests one after another through the router (no sockets).
+//! The route is an atomic handler: it takes the `TxHandle` and inserts an order through it.
+//! Three set-ups, each with a fresh key per request:
 //!
-//! Each round measures both modes for `WINDOW` each, the order alternating per round; it
-//! prints the mean latency of each mode and the per-round ratios `shadow / off` (median and
-//! range). Run with `cargo bench --all-features --bench rollout` (PostgreSQL must be running;
-//! `DATABASE_URL` overrides the server). `ROLLOUT_ROUNDS` sets the rounds (default 5).
+//! - `off`: the layer in `Off`: the handler gets the store's plain transaction.
+//! - `shadow`: the layer in `Shadow`: it also buffers the body, computes the fingerprint, and
+//!   upserts the shadow record in the handler's transaction, in the COMMIT's round trip.
+//! - `floor`: the layer in `Off`, and the handler itself inserts a row like a shadow record
+//!   (the same table, with its indexes; a random 32-byte id) after its order, in the same
+//!   transaction: what recording every request costs the database, with nothing of the layer.
+//!
+//! One client sends requests one after another through the router (no sockets). Each round
+//! measures the three for `WINDOW` each, in rotated order; it prints the mean latency of each
+//! and the per-round ratios `shadow / off` and `shadow / floor` (median and range). Run with
+//! `cargo bench --all-features --bench rollout` (PostgreSQL must be running; `DATABASE_URL`
+//! overrides the server). `ROLLOUT_ROUNDS` sets the rounds (default 5).
 
 #[path = "support/bench_db.rs"]
 mod bench_db;
@@ -42,6 +48,58 @@ async fn create_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode {
     StatusCode::CREATED
 }
 
+/// A random-looking 32-byte id (splitmix64 of a counter), as a digest would be.
+fn row_id() -> Vec<u8> {
+    static NEXT: AtomicU64 = AtomicU64::new(0x5eed);
+    let mut state = NEXT.fetch_add(4, Ordering::Relaxed);
+    (0..4)
+        .flat_map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)).to_be_bytes()
+        })
+        .collect()
+}
+
+/// The floor on SQLite: the order, and a row like a shadow record, in one transaction.
+async fn floor_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
+    let mut conn = tx.acquire().await.expect("open");
+    sqlx::query("INSERT INTO orders (body) VALUES (?1)").bind(body).execute(&mut *conn).await.expect("insert");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
+    sqlx::query(
+        "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+             response_status, response_headers, response_body, response_until, forget_at, created_at, updated_at) \
+         VALUES (?1, 'completed', 1, ?2, 0, 201, X'', X'', ?3 + 86400000, ?3 + 691200000, ?3, ?3)",
+    )
+    .bind(row_id())
+    .bind(row_id())
+    .bind(now)
+    .execute(&mut *conn)
+    .await
+    .expect("record");
+    StatusCode::CREATED
+}
+
+/// The floor on PostgreSQL: the order, and a row like a shadow record, in one transaction.
+async fn floor_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode {
+    let mut conn = tx.acquire().await.expect("open");
+    sqlx::query("INSERT INTO orders (body) VALUES ($1)").bind(body).execute(&mut *conn).await.expect("insert");
+    sqlx::query(
+        "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+             response_status, response_headers, response_body, response_until, forget_at) \
+         VALUES ($1, 'completed', 1, $2, 0, 201, '', '', clock_timestamp() + interval '1 day', \
+                 clock_timestamp() + interval '8 days')",
+    )
+    .bind(row_id())
+    .bind(row_id())
+    .execute(&mut *conn)
+    .await
+    .expect("record");
+    StatusCode::CREATED
+}
+
 /// Requests one after another for `window`: how many, and how long they took in all.
 async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> (u64, Duration) {
     let started = Instant::now();
@@ -62,44 +120,47 @@ async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> (u64, Dura
     (count, started.elapsed())
 }
 
-/// Both modes on `app` in alternating order, `rounds` times; prints the result.
-async fn compare(name: &str, app: Router, switch: RolloutSwitch, rounds: usize) {
+/// `off`, `shadow` and `floor` in rotated order, `rounds` times; prints the result.
+async fn compare(name: &str, apps: [Router; 3], rounds: usize) {
     let keys = AtomicU64::new(0);
-    for mode in [RolloutMode::Off, RolloutMode::Shadow] {
-        switch.set(mode);
-        measure(&app, &keys, WARM_UP).await;
+    for app in &apps {
+        measure(app, &keys, WARM_UP).await;
     }
-    let mut totals = [(0u64, Duration::ZERO); 2];
-    let mut ratios = Vec::new();
+    let mut totals = [(0u64, Duration::ZERO); 3];
+    let (mut over_off, mut over_floor) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        let mut means = [0.0f64; 2];
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for index in order {
-            switch.set([RolloutMode::Off, RolloutMode::Shadow][index]);
-            let (count, took) = measure(&app, &keys, WINDOW).await;
+        let mut means = [0.0f64; 3];
+        for step in 0..3 {
+            let index = (step + round) % 3;
+            let (count, took) = measure(&apps[index], &keys, WINDOW).await;
             means[index] = took.as_secs_f64() / count as f64;
             totals[index].0 += count;
             totals[index].1 += took;
         }
-        ratios.push(means[1] / means[0]);
+        over_off.push(means[1] / means[0]);
+        over_floor.push(means[1] / means[2]);
     }
-    ratios.sort_by(f64::total_cmp);
+    let summary = |ratios: &mut Vec<f64>| {
+        ratios.sort_by(f64::total_cmp);
+        format!("median {:.3} (range {:.3}–{:.3})", ratios[ratios.len() / 2], ratios[0], ratios[ratios.len() - 1])
+    };
     let mean = |(count, took): (u64, Duration)| took.as_secs_f64() * 1e6 / count as f64;
     println!(
-        "{name}: off {:.1} µs/request, shadow {:.1} µs/request; shadow/off per round: median {:.3} (range {:.3}–{:.3}, {rounds} rounds)",
+        "{name}: off {:.1} µs/request, shadow {:.1} µs/request, floor {:.1} µs/request; per round, shadow/off {}, \
+         shadow/floor {} ({rounds} rounds)",
         mean(totals[0]),
         mean(totals[1]),
-        ratios[ratios.len() / 2],
-        ratios[0],
-        ratios[ratios.len() - 1],
+        mean(totals[2]),
+        summary(&mut over_off),
+        summary(&mut over_floor),
     );
 }
 
-fn layer<St: tower_idempotency::Store>(store: St, switch: &RolloutSwitch) -> IdempotencyLayer<St> {
+fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> IdempotencyLayer<St> {
     IdempotencyLayer::new(store)
         .operation("orders.create")
         .scope_with(|parts| parts.headers.get("x-tenant")?.to_str().ok().map(tower_idempotency::Scope::new))
-        .rollout(switch.clone())
+        .rollout(RolloutSwitch::new(mode))
 }
 
 fn main() {
@@ -121,9 +182,12 @@ fn main() {
             .execute(&pool)
             .await
             .expect("orders");
-        let switch = RolloutSwitch::new(RolloutMode::Off);
-        let app = Router::new().route("/orders", post(create_sqlite).layer(layer(store, &switch)));
-        compare("sqlite", app, switch, rounds).await;
+        let apps = [
+            Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Off))),
+            Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Shadow))),
+            Router::new().route("/orders", post(floor_sqlite).layer(layer(store, RolloutMode::Off))),
+        ];
+        compare("sqlite", apps, rounds).await;
         pool.close().await;
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -136,9 +200,12 @@ fn main() {
             .execute(&db.pool)
             .await
             .expect("orders");
-        let switch = RolloutSwitch::new(RolloutMode::Off);
-        let app = Router::new().route("/orders", post(create_pg).layer(layer(store, &switch)));
-        compare("postgres", app, switch, rounds).await;
+        let apps = [
+            Router::new().route("/orders", post(create_pg).layer(layer(store.clone(), RolloutMode::Off))),
+            Router::new().route("/orders", post(create_pg).layer(layer(store.clone(), RolloutMode::Shadow))),
+            Router::new().route("/orders", post(floor_pg).layer(layer(store, RolloutMode::Off))),
+        ];
+        compare("postgres", apps, rounds).await;
         db.drop().await;
     });
 }

@@ -182,6 +182,7 @@ pub mod fuzzing;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
+mod guarded;
 mod heartbeat;
 mod hex;
 mod join;
@@ -197,6 +198,7 @@ pub mod problem;
 mod protocol;
 pub mod record;
 pub mod recovery;
+mod request_body;
 pub mod rollout;
 mod service;
 mod shadow;
@@ -204,6 +206,7 @@ pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod verdict;
 
 pub use body::IdempotencyBody;
 pub use budget::BufferBudget;

@@ -15,47 +15,68 @@ use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
 use crate::protocol::Classified;
 use crate::record::StoredResponse;
-use crate::service::Guarded;
-use crate::store::{Claim, FinishError, Outcome, PlainTransaction, Store};
+use crate::guarded::Guarded;
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+use crate::store::{
+    Claim, FinishError, Outcome, PlainTransaction, Retention, ShadowCommit, ShadowEntry, ShadowSeen, Store,
+};
 
-/// The transaction a handler on the old path writes in: the store's plain transaction, or, in
-/// shadow mode on an atomic store, the transaction of the request's shadow claim (so the shadow
-/// record commits with the handler's writes, in one transaction, as in atomic mode).
+/// The transaction a handler on the old path writes in: the store's plain transaction; in
+/// shadow mode, one that records the request's shadow record as it commits, or the transaction
+/// of the request's shadow claim (on a store whose plain transaction cannot record), so that
+/// the shadow record commits with the handler's writes either way, in one transaction.
 pub(crate) enum OldTx<C: Claim> {
     /// A plain transaction: committed for a *complete* answer or an *unknown* outcome, else
     /// rolled back.
     Plain(PlainTransaction<C::Handle>),
+    /// A plain transaction committed by the same rule, recording the request under its shadow
+    /// identity (with the answer's status, no body) as it commits.
+    Recording(PlainTransaction<C::Handle>, ShadowPending),
     /// A shadow claim with a transaction: finished by the same rule, storing a record with the
     /// answer's status and no body (never replayed) for a *complete* or *failed* answer.
     Shadow(C),
 }
 
+/// What a recording transaction records of its request, but the answer's status.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ShadowPending {
+    pub(crate) id: RecordId,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) retention: Retention,
+}
+
 impl<C: Claim> OldTx<C> {
     fn handle(&self) -> Option<C::Handle> {
         match self {
-            OldTx::Plain(tx) => Some(tx.handle()),
+            OldTx::Plain(tx) | OldTx::Recording(tx, _) => Some(tx.handle()),
             OldTx::Shadow(claim) => claim.handle(),
         }
     }
 
-    async fn finish(self, class: OutcomeClass, status: http::StatusCode) -> Result<(), FinishError> {
+    async fn finish(self, class: OutcomeClass, status: http::StatusCode) -> (Result<(), FinishError>, Option<ShadowSeen>) {
         match (self, class) {
             // An unknown outcome keeps its writes, as enforce mode commits them with the record.
-            (OldTx::Plain(tx), OutcomeClass::Complete | OutcomeClass::Unknown) => tx.commit().await,
-            (OldTx::Plain(tx), _) => {
+            (OldTx::Plain(tx), OutcomeClass::Complete | OutcomeClass::Unknown) => (tx.commit().await, None),
+            (OldTx::Recording(tx, pending), OutcomeClass::Complete | OutcomeClass::Unknown) => {
+                let entry = ShadowEntry::new(pending.id, pending.fingerprint, status, pending.retention);
+                let ShadowCommit { committed, seen } = tx.commit_recording(entry).await;
+                (committed, Some(seen))
+            }
+            (OldTx::Plain(tx) | OldTx::Recording(tx, _), _) => {
                 // Whatever the rollback meets, nothing is committed.
                 drop(tx.rollback().await);
-                Ok(())
+                (Ok(()), None)
             }
             // An unknown outcome is kept as its status only, never as an `unknown` record: a shadow
             // record is never reconciled, and must not count among the unknown ones.
             (OldTx::Shadow(claim), OutcomeClass::Complete | OutcomeClass::Unknown) => {
-                claim.finish(Outcome::Complete(StoredResponse::new(status, ""))).await
+                (claim.finish(Outcome::Complete(StoredResponse::new(status, ""))).await, None)
             }
             (OldTx::Shadow(claim), OutcomeClass::Reject) => {
-                claim.finish(Outcome::Reject(StoredResponse::new(status, ""))).await
+                (claim.finish(Outcome::Reject(StoredResponse::new(status, ""))).await, None)
             }
-            (OldTx::Shadow(claim), _) => claim.finish(Outcome::Release).await,
+            (OldTx::Shadow(claim), _) => (claim.finish(Outcome::Release).await, None),
         }
     }
 }
@@ -67,7 +88,8 @@ pub(crate) type Finished = Option<Result<(), ()>>;
 /// decided as in atomic mode when the response was buffered (there was a transaction to
 /// finish), else from its head, and *complete* when only its trailers could tell (a gRPC answer
 /// is not held back to read them).
-pub(crate) type OldAnswer<B> = (Response<IdempotencyBody<B>>, OutcomeClass, Finished);
+/// With a recording transaction, also what became of the shadow record.
+pub(crate) type OldAnswer<B> = (Response<IdempotencyBody<B>>, OutcomeClass, Finished, Option<ShadowSeen>);
 
 /// Runs `request` on the old path: with the store's plain transaction, if it has one (a store
 /// failure leaves the handler without it, as if the layer were absent), and `context`.
@@ -124,32 +146,35 @@ where
     let classified = protocol.classify(&parts);
     let Some(transaction) = transaction else {
         let class = classified.head_or(OutcomeClass::Complete);
-        return Ok((Response::from_parts(parts, IdempotencyBody::inner(body)), class, None));
+        return Ok((Response::from_parts(parts, IdempotencyBody::inner(body)), class, None, None));
     };
     if let Classified::Ready(OutcomeClass::Release) = classified {
-        let finished = transaction.finish(OutcomeClass::Release, parts.status).await;
+        let (finished, _) = transaction.finish(OutcomeClass::Release, parts.status).await;
         if let Err(error) = &finished {
             tracing::debug!(%error, "idempotency (old path): rolling back");
         }
         let response = Response::from_parts(parts, IdempotencyBody::inner(body));
-        return Ok((response, OutcomeClass::Release, Some(finished.map_err(drop))));
+        return Ok((response, OutcomeClass::Release, Some(finished.map_err(drop)), None));
     }
     let (body, trailers) = match buffer::read_to_end(body, config.max_response_body).await {
         Ok(read) => read,
         Err(error) => {
-            let finished = transaction.finish(OutcomeClass::Release, parts.status).await;
+            let (finished, _) = transaction.finish(OutcomeClass::Release, parts.status).await;
             let problem = if error == ReadError::TooLarge {
                 Problem::new(ProblemCode::ResponseTooLarge, "the response was too large; nothing was committed")
             } else {
                 Problem::new(ProblemCode::HandlerFailed, "the response failed while it was read; nothing was committed")
             };
-            return Ok((protocol.refuse(problem), OutcomeClass::Release, Some(finished.map_err(drop))));
+            return Ok((protocol.refuse(problem), OutcomeClass::Release, Some(finished.map_err(drop)), None));
         }
     };
     let class = classified.with_trailers(trailers.as_ref());
-    let finished = transaction.finish(class, parts.status).await;
+    let (finished, seen) = transaction.finish(class, parts.status).await;
     match finished {
-        Ok(()) => Ok((Response::from_parts(parts, IdempotencyBody::buffered(body, trailers)), class, Some(Ok(())))),
+        Ok(()) => {
+            let response = Response::from_parts(parts, IdempotencyBody::buffered(body, trailers));
+            Ok((response, class, Some(Ok(())), seen))
+        }
         Err(error) => {
             tracing::warn!(%error, "idempotency (old path): the handler's transaction did not commit");
             let problem = match error {
@@ -160,7 +185,7 @@ where
                 _ => Problem::new(ProblemCode::CommitUncertain, "the outcome could not be confirmed")
                     .retry_after(config.retry_after),
             };
-            Ok((protocol.refuse(problem), OutcomeClass::Release, Some(Err(()))))
+            Ok((protocol.refuse(problem), OutcomeClass::Release, Some(Err(())), seen))
         }
     }
 }

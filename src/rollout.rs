@@ -16,18 +16,20 @@
 //! - **`Enforce`**: the contract: claim, replay, refuse.
 //! - **`Shadow`**: the request takes the old path (as in `Off`) and its answer is never changed,
 //!   replayed or refused. The layer still reads the key and the scope, buffers the body and
-//!   computes the fingerprint, and looks the request up under its shadow identity without
-//!   waiting on a duplicate in flight. The record is written once the answer has been produced:
-//!   on an atomic SQL store the handler's transaction *is* the shadow claim's, so the record
-//!   (status only, no body) commits with the handler's writes in the one COMMIT the old path
-//!   makes anyway, by the same rule (a *released* answer rolls back and records nothing); on
-//!   other stores the claim taken at the lookup is finished right after the answer. What enforce
-//!   mode would have done is counted in `idempotency_shadow_total` and logged at debug. A store
-//!   failure in the lookup is counted (`store_unavailable`) and the request goes on with a plain
-//!   transaction. One exception to "never changes the answer": a body that cannot be read whole
-//!   (over the limit without a `Content-Length`, broken, or late) cannot be handed on, and is
-//!   answered as enforce mode answers it; a body refused before it is read (over the limit by its
-//!   `Content-Length`, or over the buffer budget) is counted and handed on untouched.
+//!   computes the fingerprint. On an atomic SQL store nothing more happens before the handler
+//!   runs: once the answer has been produced, the shadow record (status only, no body) is
+//!   upserted in the handler's plain transaction and committed with it, in the COMMIT's own
+//!   round trip, by the same rule (a *released* answer rolls back and records nothing; a stored
+//!   failure rolls back and is recorded apart), and the existing record is read only when one
+//!   was there. On other stores the request is looked up under its shadow identity without
+//!   waiting on a duplicate in flight, and the claim taken is finished right after the answer.
+//!   What enforce mode would have done is counted in `idempotency_shadow_total` and logged at
+//!   debug. A store failure is counted (`store_unavailable`) and changes nothing else: a
+//!   failed shadow write is undone alone and the handler's writes still commit. One exception
+//!   to "never changes the answer": a body that cannot be read whole (over the limit without a
+//!   `Content-Length`, broken, or late) cannot be handed on, and is answered as enforce mode
+//!   answers it; a body refused before it is read (over the limit by its `Content-Length`, or
+//!   over the buffer budget) is counted and handed on untouched.
 //! - **`Off`**: the kill switch: the request takes the old path, as if the layer were absent.
 //!
 //! **The old path** (in `Shadow` and `Off`): a handler written for atomic mode keeps working.

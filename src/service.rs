@@ -13,21 +13,23 @@ use tracing::Instrument;
 
 use crate::BoxError;
 use crate::body::IdempotencyBody;
-use crate::budget::Reservation;
 use crate::buffer::{self, ReadError};
 use crate::config::Config;
 use crate::context::IdempotencyContext;
-use crate::fingerprint::{self, Fingerprint};
+use crate::fingerprint;
 use crate::future::ResponseFuture;
 use crate::heartbeat;
 use crate::key::{IdempotencyKey, RecordId, Scope};
 use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
 use crate::protocol::{Classified, Protocol, Protocols, UnnamedGrpc};
-use crate::record::{Record, RecordState, StoredResponse};
+use crate::record::{Record, StoredResponse};
 use crate::rollout::RolloutMode;
 use crate::store::{Begin, BeginRequest, Claim, FinishError, Outcome, Store, StoreError};
 use crate::telemetry::{OperationMetrics, RequestResult, StoreStep, Timer};
+use crate::guarded::Guarded;
+use crate::request_body::buffer_request_body;
+use crate::verdict::{Verdict, same_request};
 use crate::{old_path, shadow};
 
 /// The header that marks a replayed answer.
@@ -143,18 +145,6 @@ impl<S, St> IdempotencyService<S, St> {
         let guarded = guard(inner, self.store.clone(), self.config.clone(), protocol, request, rebuild, span.clone());
         ResponseFuture::guarded(Box::pin(guarded.instrument(span)))
     }
-}
-
-/// What one guarded request brings along the path.
-pub(crate) struct Guarded<S, St> {
-    pub(crate) inner: S,
-    pub(crate) store: St,
-    pub(crate) config: Arc<Config>,
-    pub(crate) protocol: Protocol,
-    pub(crate) operation: Arc<str>,
-    pub(crate) metrics: OperationMetrics,
-    /// The request's `idempotency` span, whose fields the path fills in.
-    pub(crate) span: tracing::Span,
 }
 
 /// The guarded path of one request: its mode (from the rollout switch and the request's
@@ -381,146 +371,6 @@ async fn release<C: Claim>(claim: C, id: &RecordId, metrics: &OperationMetrics, 
     metrics.store(StoreStep::Finish, Timer::since(releasing));
     if let Err(error) = released {
         tracing::warn!(record = %id, %error, "idempotency: releasing the claim failed");
-    }
-}
-
-/// Buffers the request body: refused before it is read when its `Content-Length` is over the
-/// limit or does not fit the buffer budget ([`admit_request_body`]); then read by
-/// [`read_request_body`]. Returns the body and its reservation, cut down to the body's length.
-pub(crate) async fn buffer_request_body<B>(
-    headers: &http::HeaderMap,
-    body: B,
-    config: &Config,
-) -> Result<(Bytes, Reservation), Problem>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let admitted = admit_request_body(headers, config)?;
-    read_request_body(body, admitted, config).await
-}
-
-/// A body admitted to be read: its reservation in the buffer budget, the most that is read,
-/// and its declared length.
-pub(crate) struct Admitted {
-    reservation: Reservation,
-    read_limit: usize,
-    declared: Option<u64>,
-}
-
-/// Admits a request body before anything of it is read: refused when its `Content-Length` is
-/// over the limit or does not fit the buffer budget (see [`BufferBudget`](crate::BufferBudget)).
-pub(crate) fn admit_request_body(headers: &http::HeaderMap, config: &Config) -> Result<Admitted, Problem> {
-    let limit = config.max_request_body;
-    let declared = headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let (charge, read_limit) = match declared {
-        Some(length) if length > limit as u64 => return Err(body_too_large(limit)),
-        // At most `limit`, which is a `usize`.
-        Some(length) => (length as usize, length as usize),
-        None => (0, limit),
-    };
-    let Some(reservation) = config.buffer_budget.try_reserve(charge) else {
-        return Err(budget_spent(config));
-    };
-    Ok(Admitted { reservation, read_limit, declared })
-}
-
-fn body_too_large(limit: usize) -> Problem {
-    Problem::new(ProblemCode::BodyTooLarge, format!("the request body is larger than {limit} bytes"))
-}
-
-fn budget_spent(config: &Config) -> Problem {
-    tracing::warn!("idempotency: request refused, the buffer budget is spent");
-    Problem::new(ProblemCode::BufferBudgetExhausted, "the server is buffering too many request bodies; retry later")
-        .retry_after(config.retry_after)
-}
-
-/// Reads an admitted body: without a declared length, charged chunk by chunk and refused when
-/// the budget cannot take the next; never buffered past its declared length; refused when it is
-/// not complete within the body deadline.
-pub(crate) async fn read_request_body<B>(
-    body: B,
-    admitted: Admitted,
-    config: &Config,
-) -> Result<(Bytes, Reservation), Problem>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let Admitted { mut reservation, read_limit, declared } = admitted;
-    // Without a declared length, each chunk is charged as it arrives.
-    let admit = |length: usize| reservation.grow_to(length);
-    let read = tokio::time::timeout(config.body_timeout, buffer::read_admitted(body, read_limit, admit)).await;
-    match read {
-        Ok(Err(ReadError::NotAdmitted)) => Err(budget_spent(config)),
-        Ok(Ok((bytes, _trailers))) => {
-            reservation.shrink_to(bytes.len());
-            Ok((bytes, reservation))
-        }
-        Ok(Err(ReadError::TooLarge)) if declared.is_some() => {
-            Err(Problem::new(ProblemCode::BodyUnreadable, "the request body is longer than its Content-Length"))
-        }
-        Ok(Err(ReadError::TooLarge)) => Err(body_too_large(config.max_request_body)),
-        Ok(Err(ReadError::Failed)) => {
-            Err(Problem::new(ProblemCode::BodyUnreadable, "the request body could not be read"))
-        }
-        Err(_elapsed) => Err(Problem::new(
-            ProblemCode::BodyTimeout,
-            format!("the request body did not arrive whole within {:?}", config.body_timeout),
-        )),
-    }
-}
-
-/// Whether a stored record's fingerprint is this request's: compared as they are when both have
-/// the same version, else with the request's fingerprint at the record's version (computed only
-/// then, by `at_version`). A record of a version this crate does not know is another request.
-pub(crate) fn same_request(
-    stored: &Fingerprint,
-    request: &Fingerprint,
-    at_version: impl FnOnce(u8) -> Option<Fingerprint>,
-) -> bool {
-    if stored.version() == request.version() {
-        return stored == request;
-    }
-    at_version(stored.version()).is_some_and(|request| request == *stored)
-}
-
-/// What the layer does with a record that is already there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// A tombstone: `idempotency_key_expired`.
-    Expired,
-    /// Another request's record: `idempotency_key_reused`.
-    Reused,
-    /// This request's stored answer: replay it.
-    Replay,
-    /// An earlier attempt's outcome is unknown.
-    Unknown,
-    /// Still in flight.
-    InFlight,
-}
-
-impl Verdict {
-    /// The verdict on `record`, given whether it is this request's ([`same_request`]).
-    pub(crate) fn of(record: &Record, same_request: bool) -> Self {
-        match record.state {
-            RecordState::Expired => Verdict::Expired,
-            _ if !same_request => Verdict::Reused,
-            RecordState::Completed | RecordState::Failed if record.response.is_some() => Verdict::Replay,
-            RecordState::Unknown => Verdict::Unknown,
-            _ => Verdict::InFlight,
-        }
-    }
-
-    /// What became of the request.
-    pub(crate) fn result(self) -> RequestResult {
-        match self {
-            Verdict::Expired => RequestResult::KeyExpired,
-            Verdict::Reused => RequestResult::KeyReused,
-            Verdict::Replay => RequestResult::Replayed,
-            Verdict::Unknown => RequestResult::OutcomeUnknown,
-            Verdict::InFlight => RequestResult::InFlight,
-        }
     }
 }
 

@@ -1,8 +1,18 @@
 //! Shadow mode (see [`rollout`](crate::rollout)): the request takes the old path, and what
-//! enforce mode would have done is found out by looking the request up under its shadow
-//! identity, without waiting, and recording it there once the answer is produced: on an atomic
-//! store in the same transaction as the handler's writes (one COMMIT, as on the old path), on
-//! other stores with a claim finished right after the answer.
+//! enforce mode would have done is found out under the request's shadow identity, by one of
+//! two ways:
+//!
+//! - **In the COMMIT** (the SQL stores in atomic mode, whose plain transaction
+//!   [records shadow requests](crate::store::PlainTransaction::records_shadow)): nothing is
+//!   looked up before the handler runs. Once the answer is produced, the shadow record is
+//!   upserted in the handler's transaction and committed with it, in the COMMIT's own round
+//!   trip; only when a record was already there does a read follow, to tell a replay from a
+//!   reused key. A request that found its duplicate still in flight counts as `replayed` here
+//!   (both commit one after the other), not `in_flight`. A stored failure rolls the handler's
+//!   writes back and is recorded apart, after the answer.
+//! - **With a claim** (any other store): a lookup without waiting before the handler runs, and
+//!   the claim finished once the answer is produced; on an atomic store the handler writes in
+//!   the shadow claim's transaction.
 
 use std::time::Duration;
 
@@ -17,12 +27,14 @@ use crate::config::Config;
 use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
 use crate::key::{IdempotencyKey, RecordId, Scope};
-use crate::old_path::{OldTx, old_path, old_path_in};
+use crate::old_path::{OldTx, ShadowPending, old_path, old_path_in};
 use crate::outcome::OutcomeClass;
 use crate::problem::Problem;
-use crate::record::StoredResponse;
-use crate::service::{Guarded, Verdict, admit_request_body, read_request_body, same_request};
-use crate::store::{Begin, BeginRequest, Claim, Outcome, Store};
+use crate::record::{Record, StoredResponse};
+use crate::guarded::Guarded;
+use crate::request_body::{admit_request_body, read_request_body};
+use crate::verdict::{Verdict, same_request};
+use crate::store::{Begin, BeginRequest, Claim, Outcome, ShadowSeen, Store};
 use crate::telemetry::RequestResult;
 
 /// The shadow path of one request. The answer is the old path's, always, with one exception: a
@@ -95,9 +107,65 @@ where
     };
     let fingerprint = request.fingerprint(&guarded.config, None);
 
-    // The lookup, under the shadow identity, never waiting on a duplicate in flight.
     let shadow_id = id.shadow();
     let config = guarded.config.clone();
+    let same = |record: &Record| {
+        same_request(&record.fingerprint, &fingerprint, |version| Some(request.fingerprint(&config, Some(version))))
+    };
+
+    // A store whose plain transaction records the request as it commits (the SQL stores):
+    // nothing is looked up before the handler runs, and the shadow record rides in the
+    // COMMIT's round trip.
+    let plain = match guarded.store.plain_transaction(config.in_flight_wait).await {
+        Ok(plain) => plain,
+        Err(error) => {
+            tracing::warn!(%error, "idempotency (shadow): no transaction from the store; the handler runs without one");
+            None
+        }
+    };
+    let plain = match plain {
+        Some(plain) if plain.records_shadow() => Some(plain),
+        // A plain transaction that cannot record: the shadow claim's transaction is used
+        // instead (below), and this one must not hold the store's write lock meanwhile.
+        Some(plain) => {
+            drop(plain.rollback().await);
+            None
+        }
+        None => None,
+    };
+    if let Some(plain) = plain {
+        let pending = ShadowPending { id: shadow_id, fingerprint, retention: config.retention };
+        let request_in = Request::from_parts(parts, rebuild(body));
+        let answered =
+            old_path_in(&mut guarded, request_in, Some(context), Some(OldTx::Recording(plain, pending))).await;
+        drop(reservation);
+        let (response, class, _, seen) = answered?;
+        let result = match seen {
+            Some(ShadowSeen::Recorded) => executed(class),
+            Some(ShadowSeen::Existing(record)) => Verdict::of(&record, same(&record)).result(),
+            Some(ShadowSeen::InFlight) => RequestResult::InFlight,
+            Some(ShadowSeen::NotRecorded(error)) => {
+                if let Some(error) = error {
+                    tracing::debug!(%error, "idempotency (shadow): recording failed");
+                }
+                RequestResult::StoreUnavailable
+            }
+            None if class == OutcomeClass::Release => RequestResult::Released,
+            // A stored failure: the handler's writes rolled back, and the failure is recorded
+            // apart, as enforce mode stores it.
+            None if class == OutcomeClass::Reject => {
+                record_apart(&guarded.store, &shadow_id, &fingerprint, &config, response.status(), same).await
+            }
+            // The answer was too large to store, or the COMMIT failed: nothing was recorded.
+            None => RequestResult::StoreUnavailable,
+        };
+        guarded.metrics.shadow(result);
+        tracing::debug!(record = %shadow_id, result = result.as_str(), "idempotency (shadow): what enforce mode would have done");
+        return Ok(response);
+    }
+
+    // Any other store: the lookup, under the shadow identity, never waiting on a duplicate in
+    // flight.
     let begin = BeginRequest::new(&shadow_id, &fingerprint)
         .wait(Duration::ZERO)
         .lease(config.lease)
@@ -108,26 +176,25 @@ where
         // record commits with its writes.
         Ok(Begin::Claimed(claim)) if claim.handle().is_some() => (Some(OldTx::Shadow(claim)), None, None),
         // Leased, or in memory: the claim is finished once the answer is produced.
-        Ok(Begin::Claimed(claim)) => (plain(&guarded.store, config.in_flight_wait).await, Some(claim), None),
-        Ok(Begin::Existing(record)) => {
-            let same = same_request(&record.fingerprint, &fingerprint, |version| {
-                Some(request.fingerprint(&config, Some(version)))
-            });
-            (plain(&guarded.store, config.in_flight_wait).await, None, Some(Verdict::of(&record, same).result()))
-        }
+        Ok(Begin::Claimed(claim)) => (plain_tx(&guarded.store, config.in_flight_wait).await, Some(claim), None),
+        Ok(Begin::Existing(record)) => (
+            plain_tx(&guarded.store, config.in_flight_wait).await,
+            None,
+            Some(Verdict::of(&record, same(&record)).result()),
+        ),
         Ok(Begin::InFlight { .. }) => {
-            (plain(&guarded.store, config.in_flight_wait).await, None, Some(RequestResult::InFlight))
+            (plain_tx(&guarded.store, config.in_flight_wait).await, None, Some(RequestResult::InFlight))
         }
         Err(error) => {
             tracing::debug!(%error, "idempotency (shadow): the store failed");
-            (plain(&guarded.store, config.in_flight_wait).await, None, Some(RequestResult::StoreUnavailable))
+            (plain_tx(&guarded.store, config.in_flight_wait).await, None, Some(RequestResult::StoreUnavailable))
         }
     };
     let in_claim = matches!(transaction, Some(OldTx::Shadow(_)));
     let answered =
         old_path_in(&mut guarded, Request::from_parts(parts, rebuild(body)), Some(context), transaction).await;
     drop(reservation);
-    let (response, class, finished) = match answered {
+    let (response, class, finished, _) = match answered {
         Ok(answered) => answered,
         Err(error) => {
             if let Some(claim) = pending {
@@ -153,8 +220,40 @@ where
     Ok(response)
 }
 
+/// Records a stored failure under `shadow_id` with a claim of its own (the handler's writes
+/// rolled back): what enforce mode would have done.
+async fn record_apart<St: Store>(
+    store: &St,
+    shadow_id: &RecordId,
+    fingerprint: &Fingerprint,
+    config: &Config,
+    status: StatusCode,
+    same: impl FnOnce(&Record) -> bool,
+) -> RequestResult {
+    let begin = BeginRequest::new(shadow_id, fingerprint)
+        .wait(Duration::ZERO)
+        .lease(config.lease)
+        .stale_lease(config.stale_lease)
+        .retention(config.retention);
+    match store.begin(begin).await {
+        Ok(Begin::Claimed(claim)) => match claim.finish(shadow_outcome(OutcomeClass::Reject, status)).await {
+            Ok(()) => RequestResult::Executed,
+            Err(error) => {
+                tracing::debug!(%error, "idempotency (shadow): recording failed");
+                RequestResult::StoreUnavailable
+            }
+        },
+        Ok(Begin::Existing(record)) => Verdict::of(&record, same(&record)).result(),
+        Ok(Begin::InFlight { .. }) => RequestResult::InFlight,
+        Err(error) => {
+            tracing::debug!(%error, "idempotency (shadow): recording failed");
+            RequestResult::StoreUnavailable
+        }
+    }
+}
+
 /// The store's plain transaction for the old path (none if it fails).
-async fn plain<St: Store>(store: &St, wait: Duration) -> Option<OldTx<St::Claim>> {
+async fn plain_tx<St: Store>(store: &St, wait: Duration) -> Option<OldTx<St::Claim>> {
     match store.plain_transaction(wait).await {
         Ok(transaction) => transaction.map(OldTx::Plain),
         Err(error) => {

@@ -42,7 +42,7 @@ pub use sql::sqlite;
 use std::future::Future;
 use std::time::Duration;
 
-pub use self::plain::PlainTransaction;
+pub use self::plain::{PlainTransaction, ShadowCommit, ShadowEntry, ShadowSeen};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{RecordId, Scope};

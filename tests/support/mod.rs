@@ -7,6 +7,8 @@
 #![allow(dead_code)]
 
 pub mod cleanup;
+#[cfg(feature = "metrics")]
+pub mod recorder;
 
 pub use cleanup::Cleanup;
 

@@ -44,6 +44,21 @@ impl Bound {
     }
 }
 
+/// Shadow mode's record and the COMMIT, as one batch of statements sent in one round trip
+/// (see [`Statements::shadow_commit`](super::statements::Statements::shadow_commit)), ending
+/// with a `BEGIN` that opens an empty transaction to match sqlx's bookkeeping (it still counts
+/// the plain transaction as open; the empty one is rolled back when the connection goes back
+/// to the pool).
+#[derive(Debug)]
+pub(crate) struct ShadowBatch {
+    /// The statements.
+    pub(crate) sql: String,
+    /// What undoes the shadow write alone when the batch failed before its COMMIT, so that the
+    /// handler's writes can still commit (`None`: a failed statement leaves the transaction as
+    /// it was).
+    pub(crate) undo: Option<&'static str>,
+}
+
 /// The SQL a database speaks, for the statements written once in `statements`.
 pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// The sqlx database.
@@ -112,11 +127,30 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// The time `ms` (an integer expression) milliseconds after `now`.
     fn plus_ms(now: &str, ms: &str) -> String;
 
+    /// A blob written in a statement (for batches sent without parameters).
+    fn blob_literal(bytes: &[u8]) -> String;
+
+    /// "Now", written in a statement.
+    fn now_literal() -> String;
+
+    /// `ms` milliseconds after now, written in a statement.
+    fn later_literal(ms: i64) -> String;
+
+    /// Shadow mode's `upsert` and the COMMIT, as one batch.
+    fn shadow_batch(upsert: String) -> ShadowBatch;
+
     /// Whether a fenced write's error means the write surely never ran (by default, no error
     /// says so).
     fn never_ran(_error: &sqlx::Error) -> bool {
         false
     }
+
+    /// Runs the statements of `sql`, with no parameters, on `conn` in one round trip; how many
+    /// rows they changed in all.
+    fn execute_batch(
+        conn: &mut <Self::Db as Database>::Connection,
+        sql: String,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// Runs `statement` on `conn`; how many rows it changed.
     fn execute(
@@ -153,6 +187,10 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
 /// types: binding a [`Bound`]'s arguments and reading a record row back.
 macro_rules! run_bound_statements {
     ($db:ty) => {
+        async fn execute_batch(conn: &mut <$db as sqlx::Database>::Connection, sql: String) -> Result<u64, sqlx::Error> {
+            Ok(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(conn).await?.rows_affected())
+        }
+
         async fn execute(
             conn: &mut <$db as sqlx::Database>::Connection,
             statement: $crate::store::sql::dialect::Bound,

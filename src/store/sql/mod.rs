@@ -33,7 +33,10 @@ use self::dialect::{Bound, Dialect};
 use self::statements::Statements;
 use self::tx::{HandleStillHeld, TxHandle};
 use super::decide::{ABANDONED, Decision, Found, decide};
-use super::{Begin, BeginRequest, CouplingMode, FinishError, PlainTransaction, StoreError};
+use super::{
+    Begin, BeginRequest, CouplingMode, FinishError, PlainTransaction, ShadowCommit, ShadowEntry, ShadowSeen,
+    StaleLeasePolicy, StoreError,
+};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::record::{Record, RecordState, StoredResponse};
@@ -138,8 +141,79 @@ pub(crate) async fn plain_transaction<D: Dialect>(
         return Ok(None);
     }
     let tx = begin_by(&records.pool, begin.into_sql_str(), Instant::now() + wait).await.map_err(unavailable)?;
-    Ok(Some(PlainTransaction::new(TxHandle::new(tx), finish_plain)))
+    let records = records.clone();
+    let plain = PlainTransaction::new(TxHandle::new(tx), finish_plain)
+        .recording_shadow(move |handle, entry| commit_recording(records, handle, entry));
+    Ok(Some(plain))
 }
+
+/// Commits a plain transaction with shadow mode's record of its request, in the COMMIT's own
+/// round trip ([`Statements::shadow_commit`](statements::Statements::shadow_commit)). Only when
+/// a record was already there does it cost one more: the read of that record, for what enforce
+/// mode would have answered. A failed shadow write is undone alone and the handler's writes
+/// commit without it.
+async fn commit_recording<D: Dialect>(records: Records<D>, handle: TxHandle<D::Db>, entry: ShadowEntry) -> ShadowCommit {
+    let mut tx = match handle.take_to_finish().await {
+        Ok(tx) => tx,
+        Err(held) => return ShadowCommit { committed: Err(held.into()), seen: ShadowSeen::NotRecorded(None) },
+    };
+    let batch = records.statements.shadow_commit(&entry);
+    match D::execute_batch(&mut tx, batch.sql).await {
+        // (SQLite counts the upsert's row again for each statement after it; nothing else in
+        // the batch changes a row.)
+        Ok(changed) if changed > 0 => ShadowCommit { committed: Ok(()), seen: ShadowSeen::Recorded },
+        // Another record holds the shadow identity: what is it? (The connection is in the
+        // batch's empty transaction: the read sees what is committed.)
+        Ok(_) => {
+            let seen = match D::fetch_record(&mut tx, records.statements.read(&entry.id)).await {
+                Ok(row) => shadow_seen(row, &entry.fingerprint),
+                Err(error) => ShadowSeen::NotRecorded(Some(error)),
+            };
+            ShadowCommit { committed: Ok(()), seen }
+        }
+        Err(error) => {
+            // The shadow write failed (undo it, commit the rest), or the COMMIT did (then the
+            // undo or the second COMMIT fails too, and the outcome is uncertain).
+            let undone = match batch.undo {
+                Some(undo) => D::execute_batch(&mut tx, undo.to_owned()).await.map(drop),
+                None => Ok(()),
+            };
+            match undone {
+                Ok(()) => ShadowCommit {
+                    committed: tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error))),
+                    seen: ShadowSeen::NotRecorded(Some(unavailable(error))),
+                },
+                Err(_) => {
+                    tx.discard().await;
+                    ShadowCommit {
+                        committed: Err(FinishError::CommitUncertain(Box::new(error))),
+                        seen: ShadowSeen::NotRecorded(None),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What enforce mode would have answered from the record `row` held under a shadow identity.
+fn shadow_seen(row: Option<RecordRow>, fingerprint: &Fingerprint) -> ShadowSeen {
+    let Some(row) = row.filter(|row| !row.forgotten) else {
+        return ShadowSeen::NotRecorded(None);
+    };
+    let found = match row.found() {
+        Ok(found) => found,
+        Err(error) => return ShadowSeen::NotRecorded(Some(error)),
+    };
+    match decide(&found, fingerprint, StaleLeasePolicy::MarkUnknown) {
+        Decision::Answer(state) => match row.answer(&found, state, fingerprint) {
+            Ok(record) => ShadowSeen::Existing(record),
+            Err(error) => ShadowSeen::NotRecorded(Some(error)),
+        },
+        Decision::Claim => ShadowSeen::NotRecorded(None),
+        Decision::Wait { .. } | Decision::MarkUnknown | Decision::TakeOver => ShadowSeen::InFlight,
+    }
+}
+
 
 /// Ends a plain transaction: fails closed if the handler still holds the handle, else commits
 /// (`commit`) or rolls back.

@@ -10,12 +10,13 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::admin::AdminStatements;
-use super::dialect::{Arg, Bound, Dialect};
+use super::dialect::{Arg, Bound, Dialect, ShadowBatch};
+use super::millis;
 use crate::key::RecordId;
 use crate::record::{RecordState, StoredResponse};
 use crate::store::admin::kept_operation;
 use crate::store::decide::{ABANDONED, EXPIRED};
-use crate::store::{BeginRequest, Retention, StaleLeasePolicy};
+use crate::store::{BeginRequest, Retention, ShadowEntry, StaleLeasePolicy};
 
 const PROCESSING: &str = RecordState::Processing.as_str();
 
@@ -37,6 +38,10 @@ pub(crate) struct Statements<D> {
     purge_expire: SqlStr,
     /// The admin and recovery statements.
     pub(crate) admin: AdminStatements<D>,
+    /// The table, qualified and quoted.
+    table: String,
+    /// What an upsert names the primary key by.
+    conflict_target: String,
     dialect: PhantomData<D>,
 }
 
@@ -152,8 +157,52 @@ impl<D: Dialect> Statements<D> {
                 lock = D::BATCH_LOCK,
             )),
             admin: AdminStatements::new(t),
+            table: t.to_owned(),
+            conflict_target: conflict_target.to_owned(),
             dialect: PhantomData,
         }
+    }
+
+    /// Shadow mode's record of `entry`, upserted in the old path's transaction and committed in
+    /// the same round trip ([`ShadowBatch`]). The record is a completed one with the answer's
+    /// status and no body, no labels (an operation id lookup never finds a shadow record) and
+    /// fencing token 0. It takes the place of a forgotten record; any other record already
+    /// there is kept, and the batch changes no row. Every value is written in (our digests,
+    /// numbers and the dialect's time), never client text.
+    pub(crate) fn shadow_commit(&self, entry: &ShadowEntry) -> ShadowBatch {
+        let now = D::now_literal();
+        let keep = millis(entry.retention.response);
+        let forget = keep.saturating_add(millis(entry.retention.tombstone));
+        let fields = StoredResponse::new(entry.status, "").encode_fields();
+        let upsert = format!(
+            "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                                   response_status, response_headers, response_body, response_until, forget_at, \
+                                   created_at, updated_at) \
+             VALUES ({id}, '{completed}', {version}, {fingerprint}, 0, {status}, {fields}, {body}, {until}, \
+                     {forget}, {now}, {now}) \
+             ON CONFLICT {conflict} DO UPDATE SET \
+                 state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
+                 fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
+                 response_status = excluded.response_status, response_headers = excluded.response_headers, \
+                 response_body = excluded.response_body, response_until = excluded.response_until, \
+                 forget_at = excluded.forget_at, created_at = excluded.created_at, \
+                 updated_at = excluded.updated_at, reexecutable = {no}, operation = NULL, \
+                 scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
+             WHERE r.forget_at <= {now}",
+            t = self.table,
+            conflict = self.conflict_target,
+            id = D::blob_literal(entry.id.digest()),
+            completed = RecordState::Completed.as_str(),
+            version = entry.fingerprint.version(),
+            fingerprint = D::blob_literal(entry.fingerprint.digest()),
+            status = entry.status.as_u16(),
+            fields = D::blob_literal(&fields),
+            body = D::blob_literal(b""),
+            until = D::later_literal(keep),
+            forget = D::later_literal(forget),
+            no = D::FALSE,
+        );
+        D::shadow_batch(upsert)
     }
 
     /// Claims `request`'s identity as `processing`, holding a lease of `lease` (`None`: no lease,

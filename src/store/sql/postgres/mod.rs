@@ -71,7 +71,7 @@ mod atomic;
 
 use self::atomic::{AtomicClaim, AtomicStatements, is_retryable};
 use super::claim::{Held, sql_store_surface};
-use super::dialect::{Arg, Dialect, bind_and_decode, run_bound_statements};
+use super::dialect::{Arg, Dialect, ShadowBatch, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::{Records, acquire_by, check_identifier, migrator, millis, unavailable};
@@ -129,6 +129,27 @@ impl Dialect for Pg {
 
     fn plus_ms(now: &str, ms: &str) -> String {
         format!("{now} + ({ms}) * interval '1 millisecond'")
+    }
+
+    fn blob_literal(bytes: &[u8]) -> String {
+        atomic::bytea_literal(&crate::hex::encode(bytes))
+    }
+
+    fn now_literal() -> String {
+        "clock_timestamp()".into()
+    }
+
+    fn later_literal(ms: i64) -> String {
+        format!("clock_timestamp() + {ms} * interval '1 millisecond'")
+    }
+
+    // An error aborts a PostgreSQL transaction: the shadow write goes in a savepoint, so that
+    // its failure can be undone alone and the handler's writes still commit.
+    fn shadow_batch(upsert: String) -> ShadowBatch {
+        ShadowBatch {
+            sql: format!("SAVEPOINT tidem_shadow; {upsert}; RELEASE SAVEPOINT tidem_shadow; COMMIT; BEGIN"),
+            undo: Some("ROLLBACK TO SAVEPOINT tidem_shadow"),
+        }
     }
 
     run_bound_statements!(Postgres);

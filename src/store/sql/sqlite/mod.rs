@@ -104,7 +104,7 @@ use tokio::time::Instant;
 
 use self::gates::{Gate, Gates};
 use super::claim::{self, Held, sql_store_surface};
-use super::dialect::{Bound, Dialect, bind_and_decode, run_bound_statements};
+use super::dialect::{Bound, Dialect, ShadowBatch, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::tx::TxHandle;
@@ -162,6 +162,23 @@ impl Dialect for Lite {
 
     fn plus_ms(now: &str, ms: &str) -> String {
         format!("{now} + ({ms})")
+    }
+
+    fn blob_literal(bytes: &[u8]) -> String {
+        format!("X'{}'", crate::hex::encode(bytes))
+    }
+
+    fn now_literal() -> String {
+        now_ms().to_string()
+    }
+
+    fn later_literal(ms: i64) -> String {
+        now_ms().saturating_add(ms).to_string()
+    }
+
+    // A failed statement of SQLite's rolls back that statement alone.
+    fn shadow_batch(upsert: String) -> ShadowBatch {
+        ShadowBatch { sql: format!("{upsert}; COMMIT; BEGIN"), undo: None }
     }
 
     /// A busy write lock means the write never ran.
