@@ -11,13 +11,13 @@ use crate::BoxError;
 use crate::body::IdempotencyBody;
 use crate::buffer::{self, ReadError};
 use crate::context::IdempotencyContext;
+use crate::fingerprint::Fingerprint;
+use crate::guarded::Guarded;
+use crate::key::RecordId;
 use crate::outcome::OutcomeClass;
 use crate::problem::{Problem, ProblemCode};
 use crate::protocol::Classified;
 use crate::record::StoredResponse;
-use crate::guarded::Guarded;
-use crate::fingerprint::Fingerprint;
-use crate::key::RecordId;
 use crate::store::{
     Claim, FinishError, Outcome, PlainTransaction, Retention, ShadowCommit, ShadowEntry, ShadowSeen, Store,
 };
@@ -54,7 +54,11 @@ impl<C: Claim> OldTx<C> {
         }
     }
 
-    async fn finish(self, class: OutcomeClass, status: http::StatusCode) -> (Result<(), FinishError>, Option<ShadowSeen>) {
+    async fn finish(
+        self,
+        class: OutcomeClass,
+        status: http::StatusCode,
+    ) -> (Result<(), FinishError>, Option<ShadowSeen>) {
         match (self, class) {
             // An unknown outcome keeps its writes, as enforce mode commits them with the record.
             (OldTx::Plain(tx), OutcomeClass::Complete | OutcomeClass::Unknown) => (tx.commit().await, None),

@@ -5,9 +5,9 @@
 //! - **In the COMMIT** (the SQL stores in atomic mode, whose plain transaction
 //!   [records shadow requests](crate::store::PlainTransaction::records_shadow)): nothing is
 //!   looked up before the handler runs. Once the answer is produced, the shadow record is
-//!   upserted in the handler's transaction and committed with it, in the COMMIT's own round
-//!   trip; only when a record was already there does a read follow, to tell a replay from a
-//!   reused key. A request that found its duplicate still in flight counts as `replayed` here
+//!   upserted in the handler's transaction and committed with it (on PostgreSQL in the
+//!   COMMIT's own round trip); only when a record was already there does a read follow, to
+//!   tell a replay from a reused key. A request that found its duplicate still in flight counts as `replayed` here
 //!   (both commit one after the other), not `in_flight`. A stored failure rolls the handler's
 //!   writes back and is recorded apart, after the answer.
 //! - **With a claim** (any other store): a lookup without waiting before the handler runs, and
@@ -26,16 +26,16 @@ use crate::body::IdempotencyBody;
 use crate::config::Config;
 use crate::context::IdempotencyContext;
 use crate::fingerprint::{self, Fingerprint};
+use crate::guarded::Guarded;
 use crate::key::{IdempotencyKey, RecordId, Scope};
 use crate::old_path::{OldTx, ShadowPending, old_path, old_path_in};
 use crate::outcome::OutcomeClass;
 use crate::problem::Problem;
 use crate::record::{Record, StoredResponse};
-use crate::guarded::Guarded;
 use crate::request_body::{admit_request_body, read_request_body};
-use crate::verdict::{Verdict, same_request};
 use crate::store::{Begin, BeginRequest, Claim, Outcome, ShadowSeen, Store};
 use crate::telemetry::RequestResult;
+use crate::verdict::{Verdict, same_request};
 
 /// The shadow path of one request. The answer is the old path's, always, with one exception: a
 /// body that cannot be read whole (over the limit without a `Content-Length`, broken, or late)
@@ -114,8 +114,8 @@ where
     };
 
     // A store whose plain transaction records the request as it commits (the SQL stores):
-    // nothing is looked up before the handler runs, and the shadow record rides in the
-    // COMMIT's round trip.
+    // nothing is looked up before the handler runs, and the shadow record commits with the
+    // handler's writes.
     let plain = match guarded.store.plain_transaction(config.in_flight_wait).await {
         Ok(plain) => plain,
         Err(error) => {

@@ -8,8 +8,8 @@ mod support;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Router};
 use axum::routing::post;
+use axum::{Extension, Router};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -99,7 +99,8 @@ macro_rules! suite {
                 assert_eq!(send(&app, "r", "reject").await, (StatusCode::PAYMENT_REQUIRED, false));
                 assert_eq!(eventually(&recorded, &shadow("executed"), 1).await, 1);
                 assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 0, "a stored failure rolls back");
-                let failed = "SELECT count(*) FROM idempotency_records WHERE state = 'failed' AND response_status = 402";
+                let failed =
+                    "SELECT count(*) FROM idempotency_records WHERE state = 'failed' AND response_status = 402";
                 assert_eq!(count(&pool, failed).await, 1);
                 assert_eq!(send(&app, "r", "reject").await, (StatusCode::PAYMENT_REQUIRED, false));
                 assert_eq!(eventually(&recorded, &shadow("replayed"), 1).await, 1, "enforce would replay the 402");

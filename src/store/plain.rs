@@ -95,7 +95,7 @@ impl<H: Clone> PlainTransaction<H> {
     /// handler's writes as [`commit`](Self::commit) does, and writes the shadow record in the
     /// same transaction or right after it; a failure of the shadow write must leave the
     /// handler's writes committed (a shadow store failure never changes the answer). The SQL
-    /// stores write it in the COMMIT's own round trip.
+    /// stores write it in the same transaction (PostgreSQL: in the COMMIT's own round trip).
     pub fn recording_shadow<F, Fut>(mut self, record: F) -> Self
     where
         F: FnOnce(H, ShadowEntry) -> Fut + Send + 'static,
@@ -131,7 +131,9 @@ impl<H: Clone> PlainTransaction<H> {
     pub async fn commit_recording(self, entry: ShadowEntry) -> ShadowCommit {
         match self.recorder {
             Some(record) => record(self.handle, entry).await,
-            None => ShadowCommit { committed: (self.finish)(self.handle, true).await, seen: ShadowSeen::NotRecorded(None) },
+            None => {
+                ShadowCommit { committed: (self.finish)(self.handle, true).await, seen: ShadowSeen::NotRecorded(None) }
+            }
         }
     }
 }

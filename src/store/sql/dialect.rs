@@ -136,8 +136,11 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// `ms` milliseconds after now, written in a statement.
     fn later_literal(ms: i64) -> String;
 
-    /// Shadow mode's `upsert` and the COMMIT, as one batch.
-    fn shadow_batch(upsert: String) -> ShadowBatch;
+    /// Shadow mode's `upsert` (values written in) and the COMMIT, as one batch; `None` where
+    /// the prepared upsert and a COMMIT of its own cost less (SQLite, whose statements are not
+    /// sent anywhere, but compiled: an upsert compiled afresh costs more than the COMMIT's own
+    /// step).
+    fn shadow_batch(upsert: String) -> Option<ShadowBatch>;
 
     /// Whether a fenced write's error means the write surely never ran (by default, no error
     /// says so).
@@ -187,7 +190,10 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
 /// types: binding a [`Bound`]'s arguments and reading a record row back.
 macro_rules! run_bound_statements {
     ($db:ty) => {
-        async fn execute_batch(conn: &mut <$db as sqlx::Database>::Connection, sql: String) -> Result<u64, sqlx::Error> {
+        async fn execute_batch(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            sql: String,
+        ) -> Result<u64, sqlx::Error> {
             Ok(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(conn).await?.rows_affected())
         }
 

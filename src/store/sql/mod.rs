@@ -29,9 +29,11 @@ use sqlx::{AssertSqlSafe, Pool, SqlSafeStr};
 use tokio::time::Instant;
 
 pub(crate) use self::acquire::{acquire_by, begin_by};
+use self::dialect::ShadowBatch;
 use self::dialect::{Bound, Dialect};
+use self::statements::ShadowWrite;
 use self::statements::Statements;
-use self::tx::{HandleStillHeld, TxHandle};
+use self::tx::{HandleStillHeld, OpenTx, TxHandle};
 use super::decide::{ABANDONED, Decision, Found, decide};
 use super::{
     Begin, BeginRequest, CouplingMode, FinishError, PlainTransaction, ShadowCommit, ShadowEntry, ShadowSeen,
@@ -147,20 +149,52 @@ pub(crate) async fn plain_transaction<D: Dialect>(
     Ok(Some(plain))
 }
 
-/// Commits a plain transaction with shadow mode's record of its request, in the COMMIT's own
-/// round trip ([`Statements::shadow_commit`](statements::Statements::shadow_commit)). Only when
-/// a record was already there does it cost one more: the read of that record, for what enforce
-/// mode would have answered. A failed shadow write is undone alone and the handler's writes
-/// commit without it.
-async fn commit_recording<D: Dialect>(records: Records<D>, handle: TxHandle<D::Db>, entry: ShadowEntry) -> ShadowCommit {
+/// Commits a plain transaction with shadow mode's record of its request upserted in it
+/// ([`Statements::shadow_write`](statements::Statements::shadow_write)): on PostgreSQL in the
+/// COMMIT's own round trip, on SQLite as a prepared statement just before the COMMIT. Only when
+/// a record was already there does it cost one more statement: the read of that record, for
+/// what enforce mode would have answered. A failed shadow write is undone alone and the
+/// handler's writes commit without it.
+async fn commit_recording<D: Dialect>(
+    records: Records<D>,
+    handle: TxHandle<D::Db>,
+    entry: ShadowEntry,
+) -> ShadowCommit {
     let mut tx = match handle.take_to_finish().await {
         Ok(tx) => tx,
         Err(held) => return ShadowCommit { committed: Err(held.into()), seen: ShadowSeen::NotRecorded(None) },
     };
-    let batch = records.statements.shadow_commit(&entry);
+    match records.statements.shadow_write(&entry) {
+        ShadowWrite::Batch(batch) => commit_batch(&records, tx, batch, &entry).await,
+        ShadowWrite::Prepared(upsert) => {
+            // A failed statement of its own leaves the transaction as it was: commit the rest.
+            let written = D::execute(&mut tx, upsert).await;
+            let committed = tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error)));
+            let seen = match (&committed, written) {
+                (Err(_), _) => ShadowSeen::NotRecorded(None),
+                (Ok(()), Err(error)) => ShadowSeen::NotRecorded(Some(unavailable(error))),
+                (Ok(()), Ok(changed)) if changed > 0 => ShadowSeen::Recorded,
+                (Ok(()), Ok(_)) => match records.read(&entry.id, Instant::now() + SHADOW_READ_WAIT).await {
+                    Ok(row) => shadow_seen(row, &entry.fingerprint),
+                    Err(error) => ShadowSeen::NotRecorded(Some(error)),
+                },
+            };
+            ShadowCommit { committed, seen }
+        }
+    }
+}
+
+/// How long the read of a shadow record already there may wait for a connection.
+const SHADOW_READ_WAIT: Duration = Duration::from_secs(1);
+
+/// [`commit_recording`] by a batch that commits: the upsert and the COMMIT in one round trip.
+async fn commit_batch<D: Dialect>(
+    records: &Records<D>,
+    mut tx: OpenTx<D::Db>,
+    batch: ShadowBatch,
+    entry: &ShadowEntry,
+) -> ShadowCommit {
     match D::execute_batch(&mut tx, batch.sql).await {
-        // (SQLite counts the upsert's row again for each statement after it; nothing else in
-        // the batch changes a row.)
         Ok(changed) if changed > 0 => ShadowCommit { committed: Ok(()), seen: ShadowSeen::Recorded },
         // Another record holds the shadow identity: what is it? (The connection is in the
         // batch's empty transaction: the read sees what is committed.)
@@ -213,7 +247,6 @@ fn shadow_seen(row: Option<RecordRow>, fingerprint: &Fingerprint) -> ShadowSeen 
         Decision::Wait { .. } | Decision::MarkUnknown | Decision::TakeOver => ShadowSeen::InFlight,
     }
 }
-
 
 /// Ends a plain transaction: fails closed if the handler still holds the handle, else commits
 /// (`commit`) or rolls back.

@@ -11,6 +11,60 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::admin::AdminStatements;
 use super::dialect::{Arg, Bound, Dialect, ShadowBatch};
+
+/// How shadow mode's record is written in the old path's transaction.
+#[derive(Debug)]
+pub(crate) enum ShadowWrite {
+    /// Written in with the COMMIT, in one round trip.
+    Batch(ShadowBatch),
+    /// A prepared upsert; the COMMIT follows.
+    Prepared(Bound),
+}
+
+/// The values of shadow mode's upsert, as SQL: parameters or literals.
+struct ShadowValues<'a> {
+    id: &'a str,
+    version: &'a str,
+    fingerprint: &'a str,
+    status: &'a str,
+    fields: &'a str,
+    body: &'a str,
+    until: &'a str,
+    forget: &'a str,
+    now: &'a str,
+    no: &'a str,
+}
+
+/// Shadow mode's upsert on `table` (see [`Statements::shadow_write`]).
+fn shadow_upsert(table: &str, conflict_target: &str, v: ShadowValues<'_>) -> String {
+    format!(
+        "INSERT INTO {table} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                                   response_status, response_headers, response_body, response_until, forget_at, \
+                                   created_at, updated_at) \
+         VALUES ({id}, '{completed}', {version}, {fingerprint}, 0, {status}, {fields}, {body}, {until}, \
+                 {forget}, {now}, {now}) \
+         ON CONFLICT {conflict_target} DO UPDATE SET \
+             state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
+             fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
+             response_status = excluded.response_status, response_headers = excluded.response_headers, \
+             response_body = excluded.response_body, response_until = excluded.response_until, \
+             forget_at = excluded.forget_at, created_at = excluded.created_at, \
+             updated_at = excluded.updated_at, reexecutable = {no}, operation = NULL, \
+             scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
+         WHERE r.forget_at <= {now}",
+        completed = RecordState::Completed.as_str(),
+        id = v.id,
+        version = v.version,
+        fingerprint = v.fingerprint,
+        status = v.status,
+        fields = v.fields,
+        body = v.body,
+        until = v.until,
+        forget = v.forget,
+        now = v.now,
+        no = v.no,
+    )
+}
 use super::millis;
 use crate::key::RecordId;
 use crate::record::{RecordState, StoredResponse};
@@ -38,6 +92,8 @@ pub(crate) struct Statements<D> {
     purge_expire: SqlStr,
     /// The admin and recovery statements.
     pub(crate) admin: AdminStatements<D>,
+    /// Shadow mode's upsert, with parameters (see [`shadow_write`](Self::shadow_write)).
+    shadow_upsert: SqlStr,
     /// The table, qualified and quoted.
     table: String,
     /// What an upsert names the primary key by.
@@ -157,52 +213,70 @@ impl<D: Dialect> Statements<D> {
                 lock = D::BATCH_LOCK,
             )),
             admin: AdminStatements::new(t),
+            shadow_upsert: sql(shadow_upsert(
+                t,
+                conflict_target,
+                ShadowValues {
+                    id: &p(1),
+                    version: &p(2),
+                    fingerprint: &p(3),
+                    status: &p(4),
+                    fields: &p(5),
+                    body: &p(6),
+                    until: &D::later(7),
+                    forget: &D::later(8),
+                    now: &D::now(9),
+                    no: D::FALSE,
+                },
+            )),
             table: t.to_owned(),
             conflict_target: conflict_target.to_owned(),
             dialect: PhantomData,
         }
     }
 
-    /// Shadow mode's record of `entry`, upserted in the old path's transaction and committed in
-    /// the same round trip ([`ShadowBatch`]). The record is a completed one with the answer's
-    /// status and no body, no labels (an operation id lookup never finds a shadow record) and
-    /// fencing token 0. It takes the place of a forgotten record; any other record already
-    /// there is kept, and the batch changes no row. Every value is written in (our digests,
-    /// numbers and the dialect's time), never client text.
-    pub(crate) fn shadow_commit(&self, entry: &ShadowEntry) -> ShadowBatch {
-        let now = D::now_literal();
+    /// Shadow mode's record of `entry`, upserted in the old path's transaction: written in, as
+    /// a batch that also commits in the same round trip, where the dialect sends one
+    /// ([`Dialect::shadow_batch`]); else the prepared upsert, the COMMIT following on its own.
+    /// The record is a completed one with the answer's status and no body, no labels (an
+    /// operation id lookup never finds a shadow record) and fencing token 0. It takes the place
+    /// of a forgotten record; any other record already there is kept, and no row changes.
+    pub(crate) fn shadow_write(&self, entry: &ShadowEntry) -> ShadowWrite {
         let keep = millis(entry.retention.response);
         let forget = keep.saturating_add(millis(entry.retention.tombstone));
         let fields = StoredResponse::new(entry.status, "").encode_fields();
-        let upsert = format!(
-            "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                                   response_status, response_headers, response_body, response_until, forget_at, \
-                                   created_at, updated_at) \
-             VALUES ({id}, '{completed}', {version}, {fingerprint}, 0, {status}, {fields}, {body}, {until}, \
-                     {forget}, {now}, {now}) \
-             ON CONFLICT {conflict} DO UPDATE SET \
-                 state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
-                 fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
-                 response_status = excluded.response_status, response_headers = excluded.response_headers, \
-                 response_body = excluded.response_body, response_until = excluded.response_until, \
-                 forget_at = excluded.forget_at, created_at = excluded.created_at, \
-                 updated_at = excluded.updated_at, reexecutable = {no}, operation = NULL, \
-                 scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
-             WHERE r.forget_at <= {now}",
-            t = self.table,
-            conflict = self.conflict_target,
-            id = D::blob_literal(entry.id.digest()),
-            completed = RecordState::Completed.as_str(),
-            version = entry.fingerprint.version(),
-            fingerprint = D::blob_literal(entry.fingerprint.digest()),
-            status = entry.status.as_u16(),
-            fields = D::blob_literal(&fields),
-            body = D::blob_literal(b""),
-            until = D::later_literal(keep),
-            forget = D::later_literal(forget),
-            no = D::FALSE,
+        let now = D::now_literal();
+        let literal = shadow_upsert(
+            &self.table,
+            &self.conflict_target,
+            ShadowValues {
+                id: &D::blob_literal(entry.id.digest()),
+                version: &entry.fingerprint.version().to_string(),
+                fingerprint: &D::blob_literal(entry.fingerprint.digest()),
+                status: &entry.status.as_u16().to_string(),
+                fields: &D::blob_literal(&fields),
+                body: &D::blob_literal(b""),
+                until: &D::later_literal(keep),
+                forget: &D::later_literal(forget),
+                now: &now,
+                no: D::FALSE,
+            },
         );
-        D::shadow_batch(upsert)
+        if let Some(batch) = D::shadow_batch(literal) {
+            return ShadowWrite::Batch(batch);
+        }
+        let now = D::now_value();
+        let args = vec![
+            Arg::Bytes(entry.id.digest().to_vec()),
+            Arg::Small(i16::from(entry.fingerprint.version())),
+            Arg::Bytes(entry.fingerprint.digest().to_vec()),
+            Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
+            Arg::Bytes(fields),
+            Arg::Bytes(Vec::new()),
+            D::later_arg(now, entry.retention.response),
+            D::later_arg(now, entry.retention.response.saturating_add(entry.retention.tombstone)),
+        ];
+        ShadowWrite::Prepared(Bound::new(&self.shadow_upsert, args, now))
     }
 
     /// Claims `request`'s identity as `processing`, holding a lease of `lease` (`None`: no lease,

@@ -145,11 +145,11 @@ impl Dialect for Pg {
 
     // An error aborts a PostgreSQL transaction: the shadow write goes in a savepoint, so that
     // its failure can be undone alone and the handler's writes still commit.
-    fn shadow_batch(upsert: String) -> ShadowBatch {
-        ShadowBatch {
+    fn shadow_batch(upsert: String) -> Option<ShadowBatch> {
+        Some(ShadowBatch {
             sql: format!("SAVEPOINT tidem_shadow; {upsert}; RELEASE SAVEPOINT tidem_shadow; COMMIT; BEGIN"),
             undo: Some("ROLLBACK TO SAVEPOINT tidem_shadow"),
-        }
+        })
     }
 
     run_bound_statements!(Postgres);

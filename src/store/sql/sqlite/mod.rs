@@ -176,9 +176,10 @@ impl Dialect for Lite {
         now_ms().saturating_add(ms).to_string()
     }
 
-    // A failed statement of SQLite's rolls back that statement alone.
-    fn shadow_batch(upsert: String) -> ShadowBatch {
-        ShadowBatch { sql: format!("{upsert}; COMMIT; BEGIN"), undo: None }
+    // The prepared upsert, then the COMMIT (a failed statement of SQLite's rolls back that
+    // statement alone).
+    fn shadow_batch(_: String) -> Option<ShadowBatch> {
+        None
     }
 
     /// A busy write lock means the write never ran.
