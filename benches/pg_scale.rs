@@ -242,10 +242,7 @@ async fn print_sizes(pool: &PgPool, records: u64) {
                      UNION SELECT relid FROM pg_partition_tree(indexrelid)) p)::bigint \
              FROM pg_index WHERE indrelid = 'big'::regclass"
     );
-    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-    .fetch_all(pool)
-    .await
-    .unwrap();
+    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(pool).await.unwrap();
     for (name, bytes) in rows {
         println!(
             "  {name:<28} {:>8.1} MiB  {:>6.1} bytes/record",
@@ -271,9 +268,8 @@ async fn count(pool: &PgPool) -> (i64, i64) {
 
 fn main() {
     let rows: u64 = std::env::var("PG_SCALE_ROWS").ok().and_then(|r| r.parse().ok()).unwrap_or(DEFAULT_ROWS);
-    let partitions: Option<u16> = std::env::var("PG_SCALE_PARTITIONS")
-        .ok()
-        .map(|n| n.parse().expect("PG_SCALE_PARTITIONS: a partition count"));
+    let partitions: Option<u16> =
+        std::env::var("PG_SCALE_PARTITIONS").ok().map(|n| n.parse().expect("PG_SCALE_PARTITIONS: a partition count"));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_scale", POOL).await;

@@ -17,7 +17,9 @@ use sqlx::migrate::MigrateError;
 use tower_idempotency::store::FinishError;
 use tower_idempotency::store::postgres::LayoutMismatch;
 use tower_idempotency::testkit::store::{answer, fingerprint, fresh_id};
-use tower_idempotency::{Begin, BeginRequest, Claim, CouplingMode, Outcome, PostgresStore, RecordState, Retention, Store};
+use tower_idempotency::{
+    Begin, BeginRequest, Claim, CouplingMode, Outcome, PostgresStore, RecordState, Retention, Store,
+};
 
 use support::TEST_PARTITIONS;
 
@@ -344,11 +346,12 @@ async fn migrate_refuses_a_table_made_by_hand_without_history() {
     let store = PostgresStore::new(pool.clone()).schema(&schema).unwrap().hash_partitions(16).unwrap();
     let message = refusal(store.migrate().await).to_string();
     assert!(message.contains("is one table"), "{message}");
-    let history: Option<String> =
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT to_regclass('\"{schema}\".\"_idempotency_records_migrations\"')::text")))
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let history: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT to_regclass('\"{schema}\".\"_idempotency_records_migrations\"')::text"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(history, None, "nothing ran");
 }
 

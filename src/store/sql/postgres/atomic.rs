@@ -270,7 +270,8 @@ impl AtomicStatements {
     /// Whether `constraint` is the records table's primary key, or one of its partitions'.
     fn is_primary_key(&self, constraint: &str) -> bool {
         constraint == self.primary_key
-            || (self.partitions > 0 && super::partitions::is_partition_key(&self.bare_table, self.partitions, constraint))
+            || (self.partitions > 0
+                && super::partitions::is_partition_key(&self.bare_table, self.partitions, constraint))
     }
 }
 

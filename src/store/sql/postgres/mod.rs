@@ -106,8 +106,8 @@ mod partitions;
 
 pub use self::partitions::{InvalidPartitions, LayoutMismatch, MAX_PARTITIONS, MIN_PARTITIONS};
 
-use self::partitions::Layout;
 use self::atomic::{AtomicClaim, AtomicStatements, is_retryable};
+use self::partitions::Layout;
 use super::claim::{Held, sql_store_surface};
 use super::dialect::{Arg, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;

@@ -100,7 +100,9 @@ pub(super) fn check_count(requested: u16) -> Result<Layout, InvalidPartitions> {
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the records table {table} is {found}, but the store is configured for {configured}: a table's layout is fixed when it is created, so configure the store for the table's layout, or migrate a new table and copy the records into it")]
+#[error(
+    "the records table {table} is {found}, but the store is configured for {configured}: a table's layout is fixed when it is created, so configure the store for the table's layout, or migrate a new table and copy the records into it"
+)]
 pub struct LayoutMismatch {
     table: String,
     found: String,
@@ -127,9 +129,7 @@ pub(super) fn partition_name(table: &str, remainder: u16) -> String {
 pub(super) fn is_partition_key(table: &str, partitions: u16, constraint: &str) -> bool {
     let remainder = constraint.strip_prefix(table).and_then(|rest| rest.strip_prefix("_p"));
     let Some(remainder) = remainder.and_then(|rest| rest.strip_suffix("_pkey")) else { return false };
-    remainder
-        .parse::<u16>()
-        .is_ok_and(|r| r < partitions && format!("{}_pkey", partition_name(table, r)) == constraint)
+    remainder.parse::<u16>().is_ok_and(|r| r < partitions && format!("{}_pkey", partition_name(table, r)) == constraint)
 }
 
 /// Migration 0001 for `partitions` hash partitions: `create_records` (0001's text, placeholders
@@ -227,8 +227,7 @@ mod tests {
         assert!(is_partition_key("t", 64, "t_p000_pkey"));
         assert!(is_partition_key("t", 64, "t_p063_pkey"));
         assert!(is_partition_key("t", 1024, "t_p1023_pkey"));
-        for other in ["t_pkey", "t_p064_pkey", "t_p7_pkey", "t_p0007_pkey", "u_p001_pkey", "t_p001_other", "t_p_pkey"]
-        {
+        for other in ["t_pkey", "t_p064_pkey", "t_p7_pkey", "t_p0007_pkey", "u_p001_pkey", "t_p001_other", "t_p_pkey"] {
             assert!(!is_partition_key("t", 64, other), "{other}");
         }
         assert!(!is_partition_key("t", 0, "t_p000_pkey"));
