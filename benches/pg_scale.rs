@@ -28,7 +28,9 @@
 //!
 //! Run with `cargo bench --bench pg_scale --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server). `PG_SCALE_ROWS` chooses fewer records for a quick run.
-//! Not run by CI.
+//! `PG_SCALE_PARTITIONS=n` runs the same measurement with both tables hash partitioned into `n`
+//! partitions (`PostgresStore::hash_partitions`), sizes summed over the partitions, so that one
+//! table and partitions can be compared run against run. Not run by CI.
 
 #[path = "support/bench_db.rs"]
 mod bench_db;
@@ -220,22 +222,27 @@ async fn vacuum(pool: &PgPool) {
     sqlx::raw_sql("VACUUM (ANALYZE) big").execute(pool).await.expect("vacuum");
 }
 
+/// `big` and, if it is partitioned, its partitions (a partitioned table holds no data itself).
+const BIG_RELATIONS: &str = "SELECT 'big'::regclass AS rel UNION SELECT relid FROM pg_partition_tree('big')";
+
 async fn total_bytes(pool: &PgPool) -> u64 {
-    let bytes: i64 = sqlx::query_scalar("SELECT pg_total_relation_size('big')").fetch_one(pool).await.unwrap();
+    let sql = format!("SELECT sum(pg_total_relation_size(rel))::bigint FROM ({BIG_RELATIONS}) r");
+    let bytes: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(pool).await.unwrap();
     bytes as u64
 }
 
 async fn print_sizes(pool: &PgPool, records: u64) {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT 'heap', pg_relation_size('big') \
-         UNION ALL SELECT 'toast', COALESCE(pg_total_relation_size(reltoastrelid), 0) FROM pg_class \
-             WHERE oid = 'big'::regclass \
-         UNION ALL SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index \
-             WHERE indrelid = 'big'::regclass",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
+    // An index of a partitioned table is the sum of its partitions' indexes.
+    let sql = format!(
+        "SELECT 'heap', sum(pg_relation_size(rel))::bigint FROM ({BIG_RELATIONS}) r \
+         UNION ALL SELECT 'toast', COALESCE(sum(pg_total_relation_size(reltoastrelid)), 0)::bigint FROM pg_class \
+             WHERE oid IN (SELECT rel FROM ({BIG_RELATIONS}) r) AND reltoastrelid <> 0 \
+         UNION ALL SELECT indexrelid::regclass::text, \
+                (SELECT sum(pg_relation_size(part)) FROM (SELECT indexrelid AS part \
+                     UNION SELECT relid FROM pg_partition_tree(indexrelid)) p)::bigint \
+             FROM pg_index WHERE indrelid = 'big'::regclass"
+    );
+    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(pool).await.unwrap();
     for (name, bytes) in rows {
         println!(
             "  {name:<28} {:>8.1} MiB  {:>6.1} bytes/record",
@@ -261,11 +268,13 @@ async fn count(pool: &PgPool) -> (i64, i64) {
 
 fn main() {
     let rows: u64 = std::env::var("PG_SCALE_ROWS").ok().and_then(|r| r.parse().ok()).unwrap_or(DEFAULT_ROWS);
+    let partitions: Option<u16> =
+        std::env::var("PG_SCALE_PARTITIONS").ok().map(|n| n.parse().expect("PG_SCALE_PARTITIONS: a partition count"));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_scale", POOL).await;
         let pool = database.pool.clone();
-        let outcome = tokio::spawn(measure(pool, rows)).await;
+        let outcome = tokio::spawn(measure(pool, rows, partitions)).await;
         database.drop().await;
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic.into_panic());
@@ -273,11 +282,19 @@ fn main() {
     });
 }
 
-async fn measure(pool: PgPool, rows: u64) {
-    let small = PostgresStore::new(pool.clone()).table("small").unwrap().mode(CouplingMode::Atomic);
-    let big = PostgresStore::new(pool.clone()).table("big").unwrap().mode(CouplingMode::Atomic);
+async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>) {
+    let layout = |store: PostgresStore| match partitions {
+        Some(n) => store.hash_partitions(n).expect("PG_SCALE_PARTITIONS: 2 to 1024"),
+        None => store,
+    };
+    let small = layout(PostgresStore::new(pool.clone()).table("small").unwrap().mode(CouplingMode::Atomic));
+    let big = layout(PostgresStore::new(pool.clone()).table("big").unwrap().mode(CouplingMode::Atomic));
     small.migrate().await.expect("migrate small");
     big.migrate().await.expect("migrate big");
+    match partitions {
+        Some(n) => println!("layout: both tables hash partitioned into {n} partitions"),
+        None => println!("layout: one table each (PG_SCALE_PARTITIONS unset)"),
+    }
     println!("filling `big` to {rows} records ...");
     let started = Instant::now();
     let (answered, answered_bytes) = fill(&pool, rows).await;

@@ -150,6 +150,27 @@ pub async fn pg_store(mode: tower_idempotency::CouplingMode) -> tower_idempotenc
     store.migrate().await.expect("migrate");
     store
 }
+
+/// How many hash partitions [`pg_partitioned_store`] gives its table: enough that a test's
+/// records spread over several, few enough that creating a schema per test stays quick.
+#[cfg(feature = "postgres")]
+pub const TEST_PARTITIONS: u16 = 8;
+
+/// A migrated PostgreSQL store in a schema of its own, its table hash partitioned into
+/// [`TEST_PARTITIONS`] partitions.
+#[cfg(feature = "postgres")]
+pub async fn pg_partitioned_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
+    let schema = unique_name("tidem");
+    let pool = pg_pool(&schema, 24).await;
+    let store = tower_idempotency::PostgresStore::new(pool)
+        .schema(&schema)
+        .expect("schema name")
+        .hash_partitions(TEST_PARTITIONS)
+        .expect("partition count")
+        .mode(mode);
+    store.migrate().await.expect("migrate");
+    store
+}
 pub mod server;
 #[cfg(feature = "axum")]
 pub mod storm;

@@ -34,13 +34,23 @@ pub(crate) enum Arg {
 pub(crate) struct Bound {
     pub(crate) sql: SqlStr,
     pub(crate) args: Vec<Arg>,
+    /// Whether the statement is prepared and kept in the connection's statement cache (the
+    /// default), or parsed and planned for this one run.
+    pub(crate) prepared: bool,
 }
 
 impl Bound {
     /// `sql` with `args`, then the dialect's "now" if it binds one (always the last parameter).
     pub(crate) fn new(sql: &SqlStr, mut args: Vec<Arg>, now: Option<i64>) -> Self {
         args.extend(now.map(|now| Arg::Int(Some(now))));
-        Self { sql: sql.clone(), args }
+        Self { sql: sql.clone(), args, prepared: true }
+    }
+
+    /// The statement, not kept in the connection's statement cache: for the many rarely run
+    /// statements that would otherwise crowd out the ones every request runs.
+    pub(crate) fn unprepared(mut self) -> Self {
+        self.prepared = false;
+        self
     }
 }
 
@@ -246,7 +256,8 @@ macro_rules! bind_and_decode {
             statement: $crate::store::sql::dialect::Bound,
         ) -> sqlx::query::Query<'static, $db, <$db as sqlx::Database>::Arguments> {
             use $crate::store::sql::dialect::Arg;
-            statement.args.into_iter().fold(sqlx::query(statement.sql), |query, arg| match arg {
+            let query = sqlx::query(statement.sql).persistent(statement.prepared);
+            statement.args.into_iter().fold(query, |query, arg| match arg {
                 Arg::Bytes(value) => query.bind(value),
                 Arg::Int(value) => query.bind(value),
                 Arg::Small(value) => query.bind(value),

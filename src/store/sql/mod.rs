@@ -340,13 +340,30 @@ impl<D: Dialect> Records<D> {
     }
 
     /// Turns records past their retention into tombstones and deletes tombstones past theirs,
-    /// at most `limit` records in all.
+    /// at most `limit` records in all. The deletes come first; on a partitioned table each step
+    /// walks the partitions one statement at a time (starting one further on each call) until
+    /// the limit is spent.
     pub(crate) async fn purge(&self, limit: usize) -> Result<usize, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let forgotten = self.execute(self.statements.purge_forget(limit)).await.map_err(unavailable)?;
-        let left = limit.saturating_sub(i64::try_from(forgotten).unwrap_or(i64::MAX));
-        let expired = self.execute(self.statements.purge_expire(left)).await.map_err(unavailable)?;
-        Ok((forgotten + expired) as usize)
+        let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (tables, start) = self.statements.purge_walk();
+        let mut purged = 0u64;
+        for expire in [false, true] {
+            for table in (0..tables).map(|i| (start + i) % tables) {
+                // One table: both statements run, as they always have, even with nothing left.
+                if left == 0 && tables > 1 {
+                    break;
+                }
+                let statement = if expire {
+                    self.statements.purge_expire(table, left)
+                } else {
+                    self.statements.purge_forget(table, left)
+                };
+                let n = self.execute(statement).await.map_err(unavailable)?;
+                purged += n;
+                left = left.saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+        Ok(purged as usize)
     }
 
     /// Resolves the record in the way of a claim, reading it first if `row` is `None`: answers

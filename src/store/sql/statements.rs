@@ -5,6 +5,7 @@
 //! statement's last parameter, so that one statement compares against one instant.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
@@ -88,8 +89,16 @@ pub(crate) struct Statements<D> {
     finish: SqlStr,
     release: SqlStr,
     abandon: SqlStr,
-    purge_forget: SqlStr,
-    purge_expire: SqlStr,
+    /// The purge's two statements for each table it walks: the records table, or each of its
+    /// partitions ([`with_partitions`](Self::with_partitions)).
+    purge: Vec<PurgeStatements>,
+    /// Whether the purge's statements are prepared and kept on the connection (not when there
+    /// is a pair for each partition: they would crowd the claims' statements out of the
+    /// connection's cache).
+    purge_prepared: bool,
+    /// Where the next purge starts walking the partitions, so that a purge whose limit runs out
+    /// early does not always favour the first ones.
+    purge_start: AtomicUsize,
     /// The admin and recovery statements.
     pub(crate) admin: AdminStatements<D>,
     /// Shadow mode's upsert, with parameters (see [`shadow_write`](Self::shadow_write)).
@@ -195,23 +204,9 @@ impl<D: Dialect> Statements<D> {
                 let now = D::now(3);
                 sql(format!("UPDATE {t} SET lease_until = {now}, updated_at = {now} WHERE {fenced}"))
             },
-            // Bounded batches.
-            purge_forget: sql(format!(
-                "DELETE FROM {t} WHERE record_id IN ( \
-                     SELECT record_id FROM {t} WHERE forget_at <= {now} LIMIT {limit}{lock})",
-                limit = p(1),
-                lock = D::BATCH_LOCK,
-            )),
-            purge_expire: sql(format!(
-                "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
-                     response_body = NULL, updated_at = {now} \
-                 WHERE record_id IN ( \
-                     SELECT record_id FROM {t} WHERE state <> '{expired}' AND response_until <= {now} \
-                     LIMIT {limit}{lock})",
-                expired = EXPIRED.as_str(),
-                limit = p(1),
-                lock = D::BATCH_LOCK,
-            )),
+            purge: vec![PurgeStatements::new::<D>(t)],
+            purge_prepared: true,
+            purge_start: AtomicUsize::new(0),
             admin: AdminStatements::new(t),
             shadow_upsert: sql(shadow_upsert(
                 t,
@@ -350,14 +345,74 @@ impl<D: Dialect> Statements<D> {
         Bound::new(&self.abandon, fenced(id, token), D::now_value())
     }
 
-    /// Deletes at most `limit` records past their tombstone time.
-    pub(crate) fn purge_forget(&self, limit: i64) -> Bound {
-        Bound::new(&self.purge_forget, vec![Arg::Int(Some(limit))], D::now_value())
+    /// The same statements, with the purge walking `partitions` (qualified and quoted) one by
+    /// one instead of the table. On the partitioned table PostgreSQL plans the purge as a join
+    /// of its batch with a scan of every partition (nothing prunes it); on one partition it is
+    /// the one-table statement on a small table.
+    pub(crate) fn with_partitions(mut self, partitions: &[String]) -> Self {
+        if !partitions.is_empty() {
+            self.purge = partitions.iter().map(|partition| PurgeStatements::new::<D>(partition)).collect();
+            self.purge_prepared = false;
+        }
+        self
     }
 
-    /// Turns at most `limit` records past their response retention into tombstones.
-    pub(crate) fn purge_expire(&self, limit: i64) -> Bound {
-        Bound::new(&self.purge_expire, vec![Arg::Int(Some(limit))], D::now_value())
+    /// How many tables the purge walks (the records table, or its partitions), and where this
+    /// purge starts.
+    pub(crate) fn purge_walk(&self) -> (usize, usize) {
+        let n = self.purge.len();
+        (n, self.purge_start.fetch_add(1, Ordering::Relaxed) % n)
+    }
+
+    /// Deletes at most `limit` records past their tombstone time from the purge's table number
+    /// `table` (see [`purge_walk`](Self::purge_walk)).
+    pub(crate) fn purge_forget(&self, table: usize, limit: i64) -> Bound {
+        self.purge_bound(&self.purge[table].forget, limit)
+    }
+
+    /// Turns at most `limit` records of the purge's table number `table` past their response
+    /// retention into tombstones.
+    pub(crate) fn purge_expire(&self, table: usize, limit: i64) -> Bound {
+        self.purge_bound(&self.purge[table].expire, limit)
+    }
+
+    fn purge_bound(&self, sql: &SqlStr, limit: i64) -> Bound {
+        let bound = Bound::new(sql, vec![Arg::Int(Some(limit))], D::now_value());
+        if self.purge_prepared { bound } else { bound.unprepared() }
+    }
+}
+
+/// The purge's statements on one table: bounded batches, picked with the dialect's batch lock.
+#[derive(Debug)]
+struct PurgeStatements {
+    forget: SqlStr,
+    expire: SqlStr,
+}
+
+impl PurgeStatements {
+    /// The statements on `t` (qualified and quoted).
+    fn new<D: Dialect>(t: &str) -> Self {
+        let p = D::param;
+        let sql = |text: String| AssertSqlSafe(text).into_sql_str();
+        let now = D::now(2);
+        Self {
+            forget: sql(format!(
+                "DELETE FROM {t} WHERE record_id IN ( \
+                     SELECT record_id FROM {t} WHERE forget_at <= {now} LIMIT {limit}{lock})",
+                limit = p(1),
+                lock = D::BATCH_LOCK,
+            )),
+            expire: sql(format!(
+                "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
+                     response_body = NULL, updated_at = {now} \
+                 WHERE record_id IN ( \
+                     SELECT record_id FROM {t} WHERE state <> '{expired}' AND response_until <= {now} \
+                     LIMIT {limit}{lock})",
+                expired = EXPIRED.as_str(),
+                limit = p(1),
+                lock = D::BATCH_LOCK,
+            )),
+        }
     }
 }
 

@@ -89,10 +89,13 @@ impl PostgresStore {
 
     /// Whether `error` is the records table's primary key turning this claim's record away
     /// (another request's record holds the identity). A unique violation of any other
-    /// constraint, such as a deferred one of the application's at COMMIT, is not.
+    /// constraint, such as a deferred one of the application's at COMMIT, is not. On a
+    /// partitioned table the violation names the primary key of the partition the record went
+    /// to, `<table>_pNNN_pkey`.
     fn is_identity_conflict(&self, error: &sqlx::Error) -> bool {
         error.as_database_error().is_some_and(|e| {
-            e.code().as_deref() == Some(UNIQUE_VIOLATION) && e.constraint() == Some(&*self.atomic.primary_key)
+            e.code().as_deref() == Some(UNIQUE_VIOLATION)
+                && e.constraint().is_some_and(|constraint| self.atomic.is_primary_key(constraint))
         })
     }
 }
@@ -236,6 +239,10 @@ pub(super) struct AtomicStatements {
     store_function: String,
     /// The table's primary key constraint: a violation of it is another record's claim.
     primary_key: String,
+    /// The table's bare name, and how many hash partitions it has (0: none), whose primary
+    /// keys are the table's too.
+    bare_table: String,
+    partitions: u16,
     /// The `_claim` function, qualified.
     claim_function: String,
 }
@@ -248,8 +255,23 @@ impl AtomicStatements {
             table: t,
             store_function: format!("\"{schema}\".\"{table}_store\""),
             primary_key: format!("{table}_pkey"),
+            bare_table: table.to_owned(),
+            partitions: 0,
             claim_function: format!("\"{schema}\".\"{table}_claim\""),
         }
+    }
+
+    /// The same statements, on a table hash partitioned into `partitions` (0: not partitioned).
+    pub(super) fn partitioned(mut self, partitions: u16) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// Whether `constraint` is the records table's primary key, or one of its partitions'.
+    fn is_primary_key(&self, constraint: &str) -> bool {
+        constraint == self.primary_key
+            || (self.partitions > 0
+                && super::partitions::is_partition_key(&self.bare_table, self.partitions, constraint))
     }
 }
 

@@ -59,6 +59,40 @@
 //! let layer = IdempotencyLayer::new(store);
 //! # drop(layer); Ok(()) }
 //! ```
+//!
+//! # Hash partitions
+//!
+//! For tables of hundreds of millions of records (`docs/scale.md`),
+//! [`PostgresStore::hash_partitions`] has [`migrate`](PostgresStore::migrate) create the records
+//! table `PARTITION BY HASH (record_id)` with `n` partitions, `<table>_p000` to
+//! `<table>_p<n-1>`, so that vacuum, freezing and index rebuilds work on a partition at a time.
+//!
+//! - **Uniqueness stays global.** The primary key is `record_id`, which is the partition key:
+//!   PostgreSQL enforces it in each partition, and an identity can only ever hash to one
+//!   partition. The constraint keeps its name, `<table>_pkey`, on the partitioned table (the
+//!   leased claim's `ON CONFLICT ON CONSTRAINT` names it); a violation names the partition's
+//!   `<table>_pNNN_pkey`, which atomic mode recognises as the table's.
+//! - **Every statement is the same**, on the partitioned table, except the purge: reads,
+//!   claims, outcomes and settlements name `record_id`, so PostgreSQL prunes them to one
+//!   partition. The purge walks the partitions with the one-table statements, one partition at a
+//!   time: on the partitioned table, PostgreSQL would plan its batch as a join with a scan of
+//!   every partition. The recovery batches (lease sweep, checkout of unknown records) stay one
+//!   statement on the partitioned table, ordered across it; each record of their batch costs a
+//!   probe of every partition's primary key.
+//! - **The migration.** A partitioned store's migration 1 is `0001_create_records.sql` with its
+//!   `CREATE TABLE` ending in `PARTITION BY HASH (record_id)`, and the partitions
+//!   (`0001_hash_partition.sql`, once per remainder) created right after it; the rest of 0001,
+//!   and migrations 2 and 3, run unchanged on the partitioned table (PostgreSQL creates each index
+//!   on every partition, and on partitions added later). It is a variant of migration 1 rather
+//!   than a migration of its own, because a table's layout is fixed when it is created:
+//!   PostgreSQL cannot partition a table in place, so a later migration could only create a
+//!   second table. The migration's checksum is that of the partitioned text, so the history
+//!   itself tells the layouts apart, and before it runs anything `migrate` checks the table in
+//!   the database: one that exists with another layout (one table, another count, another
+//!   partitioning) is refused with a [`LayoutMismatch`], never silently kept. Moving a table
+//!   to partitions means a new table (another [`table`](PostgresStore::table) name) and a copy.
+//! - **The count is fixed** with the table: choose it for the size the table will reach (64 for
+//!   the 3 billion records of `docs/scale.md`, about 47 million each).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,8 +102,12 @@ use sqlx::postgres::{PgPool, PgRow};
 use tokio::time::Instant;
 
 mod atomic;
+mod partitions;
+
+pub use self::partitions::{InvalidPartitions, LayoutMismatch, MAX_PARTITIONS, MIN_PARTITIONS};
 
 use self::atomic::{AtomicClaim, AtomicStatements, is_retryable};
+use self::partitions::Layout;
 use super::claim::{Held, sql_store_surface};
 use super::dialect::{Arg, Dialect, ShadowBatch, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
@@ -163,6 +201,7 @@ pub struct PostgresStore {
     records: Records<Pg>,
     schema: Arc<str>,
     table: Arc<str>,
+    layout: Layout,
     atomic: Arc<AtomicStatements>,
 }
 
@@ -172,6 +211,7 @@ impl std::fmt::Debug for PostgresStore {
             .field("mode", &self.records.mode)
             .field("schema", &self.schema)
             .field("table", &self.table)
+            .field("partitions", &self.layout.partitions())
             .finish_non_exhaustive()
     }
 }
@@ -179,27 +219,58 @@ impl std::fmt::Debug for PostgresStore {
 impl PostgresStore {
     /// An atomic-mode store over `pool`, in schema `public`, table `idempotency_records`.
     pub fn new(pool: PgPool) -> Self {
-        Self::build(pool, CouplingMode::Atomic, "public", "idempotency_records")
+        Self::build(pool, CouplingMode::Atomic, "public", "idempotency_records", Layout::Table)
     }
 
     /// The schema that holds the table (created by [`migrate`](Self::migrate) if missing).
     pub fn schema(self, schema: &str) -> Result<Self, InvalidName> {
         check_identifier(schema, "a schema name")?;
-        Ok(Self::build(self.records.pool, self.records.mode, schema, &self.table))
+        Ok(Self::build(self.records.pool, self.records.mode, schema, &self.table, self.layout))
     }
 
     /// The table's name.
     pub fn table(self, table: &str) -> Result<Self, InvalidName> {
         check_identifier(table, "a table name")?;
-        Ok(Self::build(self.records.pool, self.records.mode, &self.schema, table))
+        Ok(Self::build(self.records.pool, self.records.mode, &self.schema, table, self.layout))
+    }
+
+    /// The records table hash partitioned by `record_id` into `partitions` partitions
+    /// ([`MIN_PARTITIONS`] to [`MAX_PARTITIONS`]), named `<table>_p000`, `<table>_p001`, ...
+    /// (see [Hash partitions](self#hash-partitions)). [`migrate`](Self::migrate) creates the
+    /// table so; it refuses a table that already exists with another layout, one table or
+    /// another count ([`LayoutMismatch`]). Every store on the table must say the same count.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::{IdempotencyLayer, store::postgres::PostgresStore};
+    ///
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+    /// let store = PostgresStore::new(pool).schema("idempotency")?.hash_partitions(64)?;
+    /// store.migrate().await?;
+    /// let layer = IdempotencyLayer::new(store);
+    /// # drop(layer); Ok(()) }
+    /// ```
+    pub fn hash_partitions(self, partitions: u16) -> Result<Self, InvalidPartitions> {
+        let layout = partitions::check_count(partitions)?;
+        Ok(Self::build(self.records.pool, self.records.mode, &self.schema, &self.table, layout))
     }
 
     /// Creates or upgrades the schema, table, sequence and indexes, and the deployment secret. Safe to run concurrently and
     /// repeatedly; its history is kept in `<schema>._<table>_migrations`, apart from the
     /// application's own sqlx migrations.
+    ///
+    /// If the table exists and is not laid out as the store is configured (one table, or
+    /// [`hash_partitions`](Self::hash_partitions) with the same count), it changes nothing and
+    /// fails with [`MigrateError::Source`](sqlx::migrate::MigrateError::Source) holding a
+    /// [`LayoutMismatch`].
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         let (schema, table) = (&self.schema, &self.table);
-        let sql = [MIGRATION_0001, MIGRATION_0002, MIGRATION_0003]
+        partitions::check_layout(&self.records.pool, schema, table, self.layout).await?;
+        let create_records = match self.layout {
+            Layout::Table => MIGRATION_0001.to_owned(),
+            Layout::HashPartitions(n) => partitions::create_records(MIGRATION_0001, n),
+        };
+        let sql = [create_records.as_str(), MIGRATION_0002, MIGRATION_0003]
             .map(|sql| sql.replace("{schema}", schema).replace("{table}", table));
         let mut migrator = migrator(sql, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
@@ -211,14 +282,19 @@ impl PostgresStore {
         super::deployment::postgres(&self.records.pool, &self.schema, &self.table).await
     }
 
-    fn build(pool: PgPool, mode: CouplingMode, schema: &str, table: &str) -> Self {
+    fn build(pool: PgPool, mode: CouplingMode, schema: &str, table: &str, layout: Layout) -> Self {
         let qualified = format!("\"{schema}\".\"{table}\"");
         let conflict_target = format!("ON CONSTRAINT \"{table}_pkey\"");
         let sequence = format!("nextval('\"{schema}\".\"{table}_fencing_seq\"')");
-        let statements = Statements::new(&qualified, &conflict_target, |_| sequence.clone());
-        let atomic = Arc::new(AtomicStatements::new(schema, table, &statements.columns));
+        let partitions: Vec<String> = (0..layout.partitions())
+            .map(|remainder| format!("\"{schema}\".\"{}\"", partitions::partition_name(table, remainder)))
+            .collect();
+        let statements =
+            Statements::new(&qualified, &conflict_target, |_| sequence.clone()).with_partitions(&partitions);
+        let atomic =
+            Arc::new(AtomicStatements::new(schema, table, &statements.columns).partitioned(layout.partitions()));
         let records = Records { pool, mode, statements: Arc::new(statements) };
-        Self { records, schema: schema.into(), table: table.into(), atomic }
+        Self { records, schema: schema.into(), table: table.into(), layout, atomic }
     }
 
     async fn begin_leased(&self, request: &BeginRequest<'_>) -> Result<Begin<PgClaim>, StoreError> {

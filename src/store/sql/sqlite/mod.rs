@@ -327,7 +327,7 @@ impl SqliteStore {
         request: &BeginRequest<'_>,
         lease: Option<Duration>,
     ) -> Result<Option<i64>, StoreError> {
-        let next_token = Bound { sql: self.next_token.clone(), args: Vec::new() };
+        let next_token = Bound::new(&self.next_token, Vec::new(), None);
         let token = Lite::fetch_token(&mut **tx, next_token).await.map_err(unavailable)?;
         let token = token.ok_or_else(|| StoreError::Corrupt("the fencing counter row is missing".into()))?;
         let claim = self.records.statements.claim(request, lease, Some(token));

@@ -1,0 +1,244 @@
+//! Hash partitions of the records table ([`PostgresStore::hash_partitions`]): the layout a store
+//! is configured for, the first migration's text for it, the check that the table in the
+//! database has that layout, and the names of the partitions and their primary keys.
+//!
+//! [`PostgresStore::hash_partitions`]: super::PostgresStore::hash_partitions
+
+use sqlx::PgPool;
+
+/// The one partition statement, repeated for each remainder (see the file's own comment).
+const PARTITION: &str = include_str!("../../../../migrations/postgres/0001_hash_partition.sql");
+
+/// Where migration 0001's `CREATE TABLE` ends: the only line that is a bare `);`.
+const TABLE_END: &str = "\n);\n";
+
+/// The fewest partitions [`PostgresStore::hash_partitions`](super::PostgresStore::hash_partitions) takes.
+pub const MIN_PARTITIONS: u16 = 2;
+
+/// The most partitions [`PostgresStore::hash_partitions`](super::PostgresStore::hash_partitions) takes.
+pub const MAX_PARTITIONS: u16 = 1024;
+
+/// How a store's records table is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// One table (the default).
+    Table,
+    /// `PARTITION BY HASH (record_id)` into this many partitions.
+    HashPartitions(u16),
+}
+
+impl Layout {
+    /// How many partitions the table has (0: it is one table).
+    pub(super) fn partitions(self) -> u16 {
+        match self {
+            Layout::Table => 0,
+            Layout::HashPartitions(n) => n,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Layout::Table => "one table (no hash_partitions)".to_owned(),
+            Layout::HashPartitions(n) => format!("hash_partitions({n})"),
+        }
+    }
+}
+
+/// A partition count [`PostgresStore::hash_partitions`](super::PostgresStore::hash_partitions)
+/// refused: it takes [`MIN_PARTITIONS`] to [`MAX_PARTITIONS`].
+///
+/// ```
+/// use tower_idempotency::store::postgres::InvalidPartitions;
+/// # fn demo(store: tower_idempotency::PostgresStore) {
+/// let refused: InvalidPartitions = store.hash_partitions(1).unwrap_err();
+/// assert_eq!(refused.requested(), 1);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("hash_partitions({requested}): a records table takes {MIN_PARTITIONS} to {MAX_PARTITIONS} hash partitions")]
+pub struct InvalidPartitions {
+    requested: u16,
+}
+
+impl InvalidPartitions {
+    /// The count that was refused.
+    pub fn requested(&self) -> u16 {
+        self.requested
+    }
+}
+
+/// Checks a requested partition count.
+pub(super) fn check_count(requested: u16) -> Result<Layout, InvalidPartitions> {
+    if (MIN_PARTITIONS..=MAX_PARTITIONS).contains(&requested) {
+        Ok(Layout::HashPartitions(requested))
+    } else {
+        Err(InvalidPartitions { requested })
+    }
+}
+
+/// [`PostgresStore::migrate`](super::PostgresStore::migrate) found the records table laid out
+/// otherwise than the store is configured for (one table where hash partitions are configured,
+/// another partition count, or the other way round), and changed nothing.
+///
+/// A table's layout is fixed when it is created: PostgreSQL cannot partition a table that holds
+/// records in place, nor change a hash partitioning's modulus. Configure the store for the
+/// layout the table has, or create a new table (another [`table`](super::PostgresStore::table)
+/// name) and copy the records into it.
+///
+/// It reaches the caller as [`sqlx::migrate::MigrateError::Source`], whose source downcasts to
+/// it:
+///
+/// ```no_run
+/// use tower_idempotency::store::postgres::LayoutMismatch;
+/// # async fn demo(store: tower_idempotency::PostgresStore) {
+/// match store.migrate().await {
+///     Err(sqlx::migrate::MigrateError::Source(source)) if source.is::<LayoutMismatch>() => {
+///         eprintln!("not migrated: {source}");
+///     }
+///     other => other.expect("migrate"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the records table {table} is {found}, but the store is configured for {configured}: a table's layout is fixed when it is created, so configure the store for the table's layout, or migrate a new table and copy the records into it"
+)]
+pub struct LayoutMismatch {
+    table: String,
+    found: String,
+    configured: String,
+}
+
+impl LayoutMismatch {
+    /// The table, schema-qualified and quoted.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+}
+
+/// The name of the partition that holds remainder `remainder`: the table's name, `_p` and the
+/// remainder in at least three digits (`idempotency_records_p000` ...). A table name has at most
+/// 48 bytes, so the partition's name and its primary key's (`..._p1023_pkey`) fit in
+/// PostgreSQL's 63.
+pub(super) fn partition_name(table: &str, remainder: u16) -> String {
+    format!("{table}_p{remainder:03}")
+}
+
+/// Whether `constraint` is the primary key of one of `partitions` partitions of `table`: a
+/// unique violation on a partitioned table names the partition's index, not the table's.
+pub(super) fn is_partition_key(table: &str, partitions: u16, constraint: &str) -> bool {
+    let remainder = constraint.strip_prefix(table).and_then(|rest| rest.strip_prefix("_p"));
+    let Some(remainder) = remainder.and_then(|rest| rest.strip_suffix("_pkey")) else { return false };
+    remainder.parse::<u16>().is_ok_and(|r| r < partitions && format!("{}_pkey", partition_name(table, r)) == constraint)
+}
+
+/// Migration 0001 for `partitions` hash partitions: `create_records` (0001's text, placeholders
+/// still in) with its table created `PARTITION BY HASH (record_id)` and the partitions created
+/// right after it, before the sequence, indexes and functions that follow, which then apply to
+/// the partitioned table as they are. Everything else in the text is 0001's.
+pub(super) fn create_records(create_records: &str, partitions: u16) -> String {
+    debug_assert_eq!(create_records.matches(TABLE_END).count(), 1, "0001's CREATE TABLE ends on the one bare `);`");
+    // The file's comment once, then its statement for each remainder.
+    let (comment, statement): (Vec<&str>, Vec<&str>) = PARTITION.lines().partition(|line| line.starts_with("--"));
+    let mut tail = format!("\n) PARTITION BY HASH (record_id);\n\n{}\n", comment.join("\n"));
+    let statement = statement.join("\n");
+    for remainder in 0..partitions {
+        tail.push_str(
+            &statement
+                .replace("{partition}", &partition_name("{table}", remainder))
+                .replace("{modulus}", &partitions.to_string())
+                .replace("{remainder}", &remainder.to_string()),
+        );
+        tail.push('\n');
+    }
+    create_records.replacen(TABLE_END, &tail, 1)
+}
+
+/// Checks that the table `schema`.`table`, if it exists, is laid out as `layout` says: one
+/// table, or hash partitioned on `record_id` into that many partitions. A table that does not
+/// exist yet passes (the migration creates it).
+pub(super) async fn check_layout(
+    pool: &PgPool,
+    schema: &str,
+    table: &str,
+    layout: Layout,
+) -> Result<(), sqlx::migrate::MigrateError> {
+    let found: Option<(String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT c.relkind::text, pg_get_partkeydef(c.oid), \
+                (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = c.oid) \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = $2",
+    )
+    .bind(schema)
+    .bind(table)
+    .fetch_optional(pool)
+    .await?;
+    let Some((kind, key, count)) = found else { return Ok(()) };
+    let matches = match (layout, kind.as_str(), key.as_deref()) {
+        (Layout::Table, "r", _) => true,
+        (Layout::HashPartitions(n), "p", Some("HASH (record_id)")) => count == i64::from(n),
+        _ => false,
+    };
+    if matches {
+        return Ok(());
+    }
+    let found = match (kind.as_str(), key) {
+        ("r", _) => "one table, not partitioned".to_owned(),
+        ("p", Some(key)) if key == "HASH (record_id)" => format!("hash partitioned into {count} partitions"),
+        ("p", Some(key)) => format!("partitioned by {key} into {count} partitions"),
+        (kind, _) => format!("not a table (pg_class.relkind {kind:?})"),
+    };
+    Err(sqlx::migrate::MigrateError::Source(Box::new(LayoutMismatch {
+        table: format!("\"{schema}\".\"{table}\""),
+        found,
+        configured: layout.describe(),
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CREATE_RECORDS: &str = include_str!("../../../../migrations/postgres/0001_create_records.sql");
+
+    #[test]
+    fn the_partitioned_first_migration_is_0001_with_the_table_partitioned() {
+        let sql = create_records(CREATE_RECORDS, 4);
+        assert_eq!(sql.matches("PARTITION BY HASH (record_id)").count(), 1);
+        assert_eq!(sql.matches("PARTITION OF \"{schema}\".\"{table}\"").count(), 4);
+        assert!(sql.contains("\"{schema}\".\"{table}_p003\" PARTITION OF"));
+        assert!(sql.contains("FOR VALUES WITH (MODULUS 4, REMAINDER 3)"));
+        assert!(!sql.contains("REMAINDER 4)"));
+        // The partitions come right after the table, before the sequence, indexes and functions.
+        let (table, rest) = sql.split_once("PARTITION BY HASH").unwrap();
+        assert!(table.contains("CONSTRAINT \"{table}_pkey\" PRIMARY KEY (record_id)"));
+        assert!(rest.find("PARTITION OF").unwrap() < rest.find("CREATE SEQUENCE").unwrap());
+        // Take the partitions out again and what is left is 0001, byte for byte.
+        let partitions_start = sql.find(") PARTITION BY HASH").unwrap();
+        let sequence = sql.find("\nCREATE SEQUENCE").unwrap();
+        let unpartitioned = format!("{});\n{}", &sql[..partitions_start], &sql[sequence..]);
+        assert_eq!(unpartitioned, CREATE_RECORDS);
+    }
+
+    #[test]
+    fn partition_keys_are_recognised_by_name() {
+        assert_eq!(partition_name("t", 7), "t_p007");
+        assert_eq!(partition_name("t", 1023), "t_p1023");
+        assert!(is_partition_key("t", 64, "t_p000_pkey"));
+        assert!(is_partition_key("t", 64, "t_p063_pkey"));
+        assert!(is_partition_key("t", 1024, "t_p1023_pkey"));
+        for other in ["t_pkey", "t_p064_pkey", "t_p7_pkey", "t_p0007_pkey", "u_p001_pkey", "t_p001_other", "t_p_pkey"] {
+            assert!(!is_partition_key("t", 64, other), "{other}");
+        }
+        assert!(!is_partition_key("t", 0, "t_p000_pkey"));
+    }
+
+    #[test]
+    fn partition_counts_are_checked() {
+        assert_eq!(check_count(1), Err(InvalidPartitions { requested: 1 }));
+        assert_eq!(check_count(0).unwrap_err().requested(), 0);
+        assert_eq!(check_count(1025).unwrap_err().requested(), 1025);
+        assert_eq!(check_count(2), Ok(Layout::HashPartitions(2)));
+        assert_eq!(check_count(1024), Ok(Layout::HashPartitions(1024)));
+    }
+}
