@@ -55,7 +55,7 @@ impl Bound {
 }
 
 /// Shadow mode's record and the COMMIT, as one batch of statements sent in one round trip
-/// (see [`Statements::shadow_commit`](super::statements::Statements::shadow_commit)), ending
+/// (see [`Statements::shadow_write`](super::statements::Statements::shadow_write)), ending
 /// with a `BEGIN` that opens an empty transaction to match sqlx's bookkeeping (it still counts
 /// the plain transaction as open; the empty one is rolled back when the connection goes back
 /// to the pool).
