@@ -10,10 +10,14 @@
 //! - `floor`: the layer in `Off`, and the handler itself inserts a row like a shadow record
 //!   (the same table, with its indexes; a random 32-byte id) after its order, in the same
 //!   transaction: what recording every request costs the database, with nothing of the layer.
+//! - `deferred`: the layer in `Off`, and once the answer has been produced (the order
+//!   committed), a task of its own writes the same row in a transaction of its own, off the
+//!   request's path: what moving the write after the response would cost the next requests.
 //!
 //! One client sends requests one after another through the router (no sockets). Each round
-//! measures the three for `WINDOW` each, in rotated order; it prints the mean latency of each
-//! and the per-round ratios `shadow / off` and `shadow / floor` (median and range). Run with
+//! measures the four for `WINDOW` each, in rotated order; it prints the mean latency of each
+//! and the per-round ratios `shadow / off`, `shadow / floor` and `deferred / off` (median and
+//! range). Run with
 //! `cargo bench --all-features --bench rollout` (PostgreSQL must be running; `DATABASE_URL`
 //! overrides the server). `ROLLOUT_ROUNDS` sets the rounds (default 5).
 
@@ -25,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::State;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -82,6 +87,44 @@ async fn floor_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
     StatusCode::CREATED
 }
 
+/// After the answer has been produced (the order committed), a task of its own writes a row
+/// like a shadow record on SQLite, in a transaction of its own: the deferred write.
+async fn defer_sqlite(State(pool): State<sqlx::SqlitePool>, response: axum::response::Response) -> axum::response::Response {
+    tokio::spawn(async move {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
+        sqlx::query(
+            "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                 response_status, response_headers, response_body, response_until, forget_at, created_at, updated_at) \
+             VALUES (?1, 'completed', 1, ?2, 0, 201, X'', X'', ?3 + 86400000, ?3 + 691200000, ?3, ?3)",
+        )
+        .bind(row_id())
+        .bind(row_id())
+        .bind(now)
+        .execute(&pool)
+        .await
+        .expect("deferred record");
+    });
+    response
+}
+
+/// The deferred write on PostgreSQL (see [`defer_sqlite`]).
+async fn defer_pg(State(pool): State<sqlx::PgPool>, response: axum::response::Response) -> axum::response::Response {
+    tokio::spawn(async move {
+        sqlx::query(
+            "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                 response_status, response_headers, response_body, response_until, forget_at) \
+             VALUES ($1, 'completed', 1, $2, 0, 201, '', '', clock_timestamp() + interval '1 day', \
+                     clock_timestamp() + interval '8 days')",
+        )
+        .bind(row_id())
+        .bind(row_id())
+        .execute(&pool)
+        .await
+        .expect("deferred record");
+    });
+    response
+}
+
 /// The floor on PostgreSQL: the order, and a row like a shadow record, in one transaction.
 async fn floor_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode {
     let mut conn = tx.acquire().await.expect("open");
@@ -121,17 +164,17 @@ async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> (u64, Dura
 }
 
 /// `off`, `shadow` and `floor` in rotated order, `rounds` times; prints the result.
-async fn compare(name: &str, apps: [Router; 3], rounds: usize) {
+async fn compare(name: &str, apps: [Router; 4], rounds: usize) {
     let keys = AtomicU64::new(0);
     for app in &apps {
         measure(app, &keys, WARM_UP).await;
     }
-    let mut totals = [(0u64, Duration::ZERO); 3];
-    let (mut over_off, mut over_floor) = (Vec::new(), Vec::new());
+    let mut totals = [(0u64, Duration::ZERO); 4];
+    let (mut over_off, mut over_floor, mut deferred_off) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
-        let mut means = [0.0f64; 3];
-        for step in 0..3 {
-            let index = (step + round) % 3;
+        let mut means = [0.0f64; 4];
+        for step in 0..4 {
+            let index = (step + round) % 4;
             let (count, took) = measure(&apps[index], &keys, WINDOW).await;
             means[index] = took.as_secs_f64() / count as f64;
             totals[index].0 += count;
@@ -139,6 +182,7 @@ async fn compare(name: &str, apps: [Router; 3], rounds: usize) {
         }
         over_off.push(means[1] / means[0]);
         over_floor.push(means[1] / means[2]);
+        deferred_off.push(means[3] / means[0]);
     }
     let summary = |ratios: &mut Vec<f64>| {
         ratios.sort_by(f64::total_cmp);
@@ -146,13 +190,15 @@ async fn compare(name: &str, apps: [Router; 3], rounds: usize) {
     };
     let mean = |(count, took): (u64, Duration)| took.as_secs_f64() * 1e6 / count as f64;
     println!(
-        "{name}: off {:.1} µs/request, shadow {:.1} µs/request, floor {:.1} µs/request; per round, shadow/off {}, \
-         shadow/floor {} ({rounds} rounds)",
+        "{name}: off {:.1} µs/request, shadow {:.1} µs/request, floor {:.1} µs/request, deferred {:.1} µs/request; \
+         per round, shadow/off {}, shadow/floor {}, deferred/off {} ({rounds} rounds)",
         mean(totals[0]),
         mean(totals[1]),
         mean(totals[2]),
+        mean(totals[3]),
         summary(&mut over_off),
         summary(&mut over_floor),
+        summary(&mut deferred_off),
     );
 }
 
@@ -185,7 +231,13 @@ fn main() {
         let apps = [
             Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Off))),
             Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Shadow))),
-            Router::new().route("/orders", post(floor_sqlite).layer(layer(store, RolloutMode::Off))),
+            Router::new().route("/orders", post(floor_sqlite).layer(layer(store.clone(), RolloutMode::Off))),
+            Router::new().route(
+                "/orders",
+                post(create_sqlite)
+                    .layer(layer(store, RolloutMode::Off))
+                    .layer(axum::middleware::map_response_with_state(pool.clone(), defer_sqlite)),
+            ),
         ];
         compare("sqlite", apps, rounds).await;
         pool.close().await;
@@ -203,7 +255,13 @@ fn main() {
         let apps = [
             Router::new().route("/orders", post(create_pg).layer(layer(store.clone(), RolloutMode::Off))),
             Router::new().route("/orders", post(create_pg).layer(layer(store.clone(), RolloutMode::Shadow))),
-            Router::new().route("/orders", post(floor_pg).layer(layer(store, RolloutMode::Off))),
+            Router::new().route("/orders", post(floor_pg).layer(layer(store.clone(), RolloutMode::Off))),
+            Router::new().route(
+                "/orders",
+                post(create_pg)
+                    .layer(layer(store, RolloutMode::Off))
+                    .layer(axum::middleware::map_response_with_state(db.pool.clone(), defer_pg)),
+            ),
         ];
         compare("postgres", apps, rounds).await;
         db.drop().await;

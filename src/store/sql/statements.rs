@@ -348,7 +348,8 @@ impl<D: Dialect> Statements<D> {
     /// The same statements, with the purge walking `partitions` (qualified and quoted) one by
     /// one instead of the table. On the partitioned table PostgreSQL plans the purge as a join
     /// of its batch with a scan of every partition (nothing prunes it); on one partition it is
-    /// the one-table statement on a small table.
+    /// the one-table statement on a small table. Only PostgreSQL's store has partitions.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn with_partitions(mut self, partitions: &[String]) -> Self {
         if !partitions.is_empty() {
             self.purge = partitions.iter().map(|partition| PurgeStatements::new::<D>(partition)).collect();
