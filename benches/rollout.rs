@@ -89,7 +89,10 @@ async fn floor_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
 
 /// After the answer has been produced (the order committed), a task of its own writes a row
 /// like a shadow record on SQLite, in a transaction of its own: the deferred write.
-async fn defer_sqlite(State(pool): State<sqlx::SqlitePool>, response: axum::response::Response) -> axum::response::Response {
+async fn defer_sqlite(
+    State(pool): State<sqlx::SqlitePool>,
+    response: axum::response::Response,
+) -> axum::response::Response {
     tokio::spawn(async move {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
         sqlx::query(

@@ -18,11 +18,11 @@
 //!   replayed or refused. The layer still reads the key and the scope, buffers the body and
 //!   computes the fingerprint. On an atomic SQL store nothing more happens before the handler
 //!   runs: once the answer has been produced, the shadow record (status only, no body) is
-//!   upserted in the handler's plain transaction and committed with it (on PostgreSQL in the
-//!   COMMIT's own round trip), by the same rule (a *released* answer rolls back and records
-//!   nothing; a stored failure rolls back and is recorded apart), and the existing record is
-//!   read only when one was there. On other stores the request is looked up under its shadow identity without
-//!   waiting on a duplicate in flight, and the claim taken is finished right after the answer.
+//!   written in the handler's plain transaction just before its COMMIT, and commits with it,
+//!   by the same rule (a *released* answer rolls back and records nothing; a stored failure
+//!   rolls back and is recorded apart), and the existing record is read only when one was
+//!   there. On other stores the request is looked up under its shadow identity without waiting
+//!   on a duplicate in flight, and the claim taken is finished right after the answer.
 //!   What enforce mode would have done is counted in `idempotency_shadow_total` and logged at
 //!   debug. A store failure is counted (`store_unavailable`) and changes nothing else: a
 //!   failed shadow write is undone alone and the handler's writes still commit. One exception

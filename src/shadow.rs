@@ -5,9 +5,9 @@
 //! - **In the COMMIT** (the SQL stores in atomic mode, whose plain transaction
 //!   [records shadow requests](crate::store::PlainTransaction::records_shadow)): nothing is
 //!   looked up before the handler runs. Once the answer is produced, the shadow record is
-//!   upserted in the handler's transaction and committed with it (on PostgreSQL in the
-//!   COMMIT's own round trip); only when a record was already there does a read follow, to
-//!   tell a replay from a reused key. A request that found its duplicate still in flight counts as `replayed` here
+//!   written in the handler's transaction by one prepared statement just before its COMMIT
+//!   (on PostgreSQL the function of migration 0006, which catches its own failure); only when
+//!   a record was already there does a read follow, to tell a replay from a reused key. A request that found its duplicate still in flight counts as `replayed` here
 //!   (both commit one after the other), not `in_flight`. A stored failure rolls the handler's
 //!   writes back and is recorded apart, after the answer.
 //! - **With a claim** (any other store): a lookup without waiting before the handler runs, and

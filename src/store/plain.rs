@@ -95,7 +95,7 @@ impl<H: Clone> PlainTransaction<H> {
     /// handler's writes as [`commit`](Self::commit) does, and writes the shadow record in the
     /// same transaction or right after it; a failure of the shadow write must leave the
     /// handler's writes committed (a shadow store failure never changes the answer). The SQL
-    /// stores write it in the same transaction (PostgreSQL: in the COMMIT's own round trip).
+    /// stores write it in the same transaction, by one prepared statement before the COMMIT.
     pub fn recording_shadow<F, Fut>(mut self, record: F) -> Self
     where
         F: FnOnce(H, ShadowEntry) -> Fut + Send + 'static,

@@ -265,11 +265,13 @@ pub async fn recovery_worker_reconciles_unknown_records<S: Store + Admin>(store:
 /// flight), and a renewal of a claim that lost its record says so, as does its finish.
 pub async fn renewal_extends_the_lease_and_reports_a_lost_claim<S: Store + Admin>(store: S) {
     let (id, fp) = (fresh_id("renew"), fingerprint(32));
-    let lease = Duration::from_millis(400);
+    // Margins of 450 ms either way: the renewal comes well before the first lease ends, the
+    // look well after it and well before the renewed one ends, on a busy machine too.
+    let lease = Duration::from_millis(1200);
     let holder = claim(&store, labelled(&id, &fp).lease(lease)).await;
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(750)).await;
     assert_eq!(holder.renew(lease).await.expect("renew"), Renewal::Renewed);
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(750)).await;
     match store.begin(labelled(&id, &fp)).await.expect("begin") {
         Begin::InFlight { .. } => {}
         Begin::Existing(record) => panic!("a renewed lease is not stale, found {:?}", record.state),

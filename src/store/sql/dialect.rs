@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::{Database, SqlStr};
 
 use super::{RecordRow, millis};
-use crate::store::StoreError;
+use crate::store::{ShadowEntry, StoreError};
 
 /// A statement's argument, as the shared statements produce it.
 #[derive(Debug, Clone)]
@@ -52,21 +52,6 @@ impl Bound {
         self.prepared = false;
         self
     }
-}
-
-/// Shadow mode's record and the COMMIT, as one batch of statements sent in one round trip
-/// (see [`Statements::shadow_write`](super::statements::Statements::shadow_write)), ending
-/// with a `BEGIN` that opens an empty transaction to match sqlx's bookkeeping (it still counts
-/// the plain transaction as open; the empty one is rolled back when the connection goes back
-/// to the pool).
-#[derive(Debug)]
-pub(crate) struct ShadowBatch {
-    /// The statements.
-    pub(crate) sql: String,
-    /// What undoes the shadow write alone when the batch failed before its COMMIT, so that the
-    /// handler's writes can still commit (`None`: a failed statement leaves the transaction as
-    /// it was).
-    pub(crate) undo: Option<&'static str>,
 }
 
 /// The SQL a database speaks, for the statements written once in `statements`.
@@ -137,33 +122,27 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// The time `ms` (an integer expression) milliseconds after `now`.
     fn plus_ms(now: &str, ms: &str) -> String;
 
-    /// A blob written in a statement (for batches sent without parameters).
-    fn blob_literal(bytes: &[u8]) -> String;
+    /// Shadow mode's write of its record in the old path's transaction, on `table` (qualified
+    /// and quoted), whose primary key an upsert names by `conflict_target` (see
+    /// [`Statements::shadow_write`](super::statements::Statements::shadow_write)).
+    fn shadow_sql(table: &str, conflict_target: &str) -> String;
 
-    /// "Now", written in a statement.
-    fn now_literal() -> String;
+    /// Runs shadow mode's write on `conn`: positive when the record was written, zero when
+    /// another record was there, negative when the write failed without harming the
+    /// transaction.
+    fn run_shadow(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
-    /// `ms` milliseconds after now, written in a statement.
-    fn later_literal(ms: i64) -> String;
-
-    /// Shadow mode's `upsert` (values written in) and the COMMIT, as one batch; `None` where
-    /// the prepared upsert and a COMMIT of its own cost less (SQLite, whose statements are not
-    /// sent anywhere, but compiled: an upsert compiled afresh costs more than the COMMIT's own
-    /// step).
-    fn shadow_batch(upsert: String) -> Option<ShadowBatch>;
+    /// The arguments of [`shadow_sql`](Self::shadow_sql) for `entry`, "now" being `now`.
+    fn shadow_args(entry: &ShadowEntry, now: Option<i64>) -> Vec<Arg>;
 
     /// Whether a fenced write's error means the write surely never ran (by default, no error
     /// says so).
     fn never_ran(_error: &sqlx::Error) -> bool {
         false
     }
-
-    /// Runs the statements of `sql`, with no parameters, on `conn` in one round trip; how many
-    /// rows they changed in all.
-    fn execute_batch(
-        conn: &mut <Self::Db as Database>::Connection,
-        sql: String,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// Runs `statement` on `conn`; how many rows it changed.
     fn execute(
@@ -200,13 +179,6 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
 /// types: binding a [`Bound`]'s arguments and reading a record row back.
 macro_rules! run_bound_statements {
     ($db:ty) => {
-        async fn execute_batch(
-            conn: &mut <$db as sqlx::Database>::Connection,
-            sql: String,
-        ) -> Result<u64, sqlx::Error> {
-            Ok(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(conn).await?.rows_affected())
-        }
-
         async fn execute(
             conn: &mut <$db as sqlx::Database>::Connection,
             statement: $crate::store::sql::dialect::Bound,

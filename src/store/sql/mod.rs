@@ -29,11 +29,9 @@ use sqlx::{AssertSqlSafe, Pool, SqlSafeStr};
 use tokio::time::Instant;
 
 pub(crate) use self::acquire::{acquire_by, begin_by};
-use self::dialect::ShadowBatch;
 use self::dialect::{Bound, Dialect};
-use self::statements::ShadowWrite;
 use self::statements::Statements;
-use self::tx::{HandleStillHeld, OpenTx, TxHandle};
+use self::tx::{HandleStillHeld, TxHandle};
 use super::decide::{ABANDONED, Decision, Found, decide};
 use super::{
     Begin, BeginRequest, CouplingMode, FinishError, PlainTransaction, ShadowCommit, ShadowEntry, ShadowSeen,
@@ -149,12 +147,12 @@ pub(crate) async fn plain_transaction<D: Dialect>(
     Ok(Some(plain))
 }
 
-/// Commits a plain transaction with shadow mode's record of its request upserted in it
-/// ([`Statements::shadow_write`](statements::Statements::shadow_write)): on PostgreSQL in the
-/// COMMIT's own round trip, on SQLite as a prepared statement just before the COMMIT. Only when
-/// a record was already there does it cost one more statement: the read of that record, for
-/// what enforce mode would have answered. A failed shadow write is undone alone and the
-/// handler's writes commit without it.
+/// Commits a plain transaction with shadow mode's record of its request written in it, by one
+/// prepared statement just before the COMMIT
+/// ([`Statements::shadow_write`](statements::Statements::shadow_write)). Only when a record was
+/// already there does it cost one more: the read of that record, for what enforce mode would
+/// have answered. A failed shadow write is undone alone and the handler's writes commit
+/// without it.
 async fn commit_recording<D: Dialect>(
     records: Records<D>,
     handle: TxHandle<D::Db>,
@@ -164,70 +162,26 @@ async fn commit_recording<D: Dialect>(
         Ok(tx) => tx,
         Err(held) => return ShadowCommit { committed: Err(held.into()), seen: ShadowSeen::NotRecorded(None) },
     };
-    match records.statements.shadow_write(&entry) {
-        ShadowWrite::Batch(batch) => commit_batch(&records, tx, batch, &entry).await,
-        ShadowWrite::Prepared(upsert) => {
-            // A failed statement of its own leaves the transaction as it was: commit the rest.
-            let written = D::execute(&mut tx, upsert).await;
-            let committed = tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error)));
-            let seen = match (&committed, written) {
-                (Err(_), _) => ShadowSeen::NotRecorded(None),
-                (Ok(()), Err(error)) => ShadowSeen::NotRecorded(Some(unavailable(error))),
-                (Ok(()), Ok(changed)) if changed > 0 => ShadowSeen::Recorded,
-                (Ok(()), Ok(_)) => match records.read(&entry.id, Instant::now() + SHADOW_READ_WAIT).await {
-                    Ok(row) => shadow_seen(row, &entry.fingerprint),
-                    Err(error) => ShadowSeen::NotRecorded(Some(error)),
-                },
-            };
-            ShadowCommit { committed, seen }
-        }
-    }
+    // A failed write leaves the transaction as it was (SQLite's statement is rolled back
+    // alone; PostgreSQL's function catches its own failure): the rest commits either way.
+    let written = D::run_shadow(&mut tx, records.statements.shadow_write(&entry)).await;
+    let committed = tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error)));
+    let seen = match (&committed, written) {
+        (Err(_), _) => ShadowSeen::NotRecorded(None),
+        (Ok(()), Err(error)) => ShadowSeen::NotRecorded(Some(unavailable(error))),
+        (Ok(()), Ok(written)) if written > 0 => ShadowSeen::Recorded,
+        (Ok(()), Ok(written)) if written < 0 => ShadowSeen::NotRecorded(None),
+        // Another record holds the shadow identity: what is it?
+        (Ok(()), Ok(_)) => match records.read(&entry.id, Instant::now() + SHADOW_READ_WAIT).await {
+            Ok(row) => shadow_seen(row, &entry.fingerprint),
+            Err(error) => ShadowSeen::NotRecorded(Some(error)),
+        },
+    };
+    ShadowCommit { committed, seen }
 }
 
 /// How long the read of a shadow record already there may wait for a connection.
 const SHADOW_READ_WAIT: Duration = Duration::from_secs(1);
-
-/// [`commit_recording`] by a batch that commits: the upsert and the COMMIT in one round trip.
-async fn commit_batch<D: Dialect>(
-    records: &Records<D>,
-    mut tx: OpenTx<D::Db>,
-    batch: ShadowBatch,
-    entry: &ShadowEntry,
-) -> ShadowCommit {
-    match D::execute_batch(&mut tx, batch.sql).await {
-        Ok(changed) if changed > 0 => ShadowCommit { committed: Ok(()), seen: ShadowSeen::Recorded },
-        // Another record holds the shadow identity: what is it? (The connection is in the
-        // batch's empty transaction: the read sees what is committed.)
-        Ok(_) => {
-            let seen = match D::fetch_record(&mut tx, records.statements.read(&entry.id)).await {
-                Ok(row) => shadow_seen(row, &entry.fingerprint),
-                Err(error) => ShadowSeen::NotRecorded(Some(error)),
-            };
-            ShadowCommit { committed: Ok(()), seen }
-        }
-        Err(error) => {
-            // The shadow write failed (undo it, commit the rest), or the COMMIT did (then the
-            // undo or the second COMMIT fails too, and the outcome is uncertain).
-            let undone = match batch.undo {
-                Some(undo) => D::execute_batch(&mut tx, undo.to_owned()).await.map(drop),
-                None => Ok(()),
-            };
-            match undone {
-                Ok(()) => ShadowCommit {
-                    committed: tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error))),
-                    seen: ShadowSeen::NotRecorded(Some(unavailable(error))),
-                },
-                Err(_) => {
-                    tx.discard().await;
-                    ShadowCommit {
-                        committed: Err(FinishError::CommitUncertain(Box::new(error))),
-                        seen: ShadowSeen::NotRecorded(None),
-                    }
-                }
-            }
-        }
-    }
-}
 
 /// What enforce mode would have answered from the record `row` held under a shadow identity.
 fn shadow_seen(row: Option<RecordRow>, fingerprint: &Fingerprint) -> ShadowSeen {
@@ -271,21 +225,18 @@ impl From<HandleStillHeld> for FinishError {
 const MIGRATIONS: [&str; 3] = ["create idempotency records", "deployment secret", "record lifecycle"];
 
 /// The migrator of a records table: the crate's migrations (`migrations`, in order, with the
-/// store's names already in), their history kept in `history` (apart from the application's own
-/// sqlx migrations).
-pub(crate) fn migrator(migrations: [String; 3], history: String) -> Migrator {
+/// store's names already in, then a dialect's `later` ones with their versions, the numbers of
+/// their files), their history kept in `history` (apart from the application's own sqlx
+/// migrations).
+pub(crate) fn migrator(migrations: [String; 3], later: Vec<(i64, &'static str, String)>, history: String) -> Migrator {
     let migrations = MIGRATIONS
         .iter()
         .zip(migrations)
         .zip(1..)
-        .map(|((description, sql), version)| {
-            Migration::new(
-                version,
-                (*description).into(),
-                MigrationType::Simple,
-                AssertSqlSafe(sql).into_sql_str(),
-                false,
-            )
+        .map(|((description, sql), version)| (version, *description, sql))
+        .chain(later)
+        .map(|(version, description, sql)| {
+            Migration::new(version, description.into(), MigrationType::Simple, AssertSqlSafe(sql).into_sql_str(), false)
         })
         .collect();
     let mut migrator = Migrator::with_migrations(migrations);

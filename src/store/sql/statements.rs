@@ -11,33 +11,26 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::admin::AdminStatements;
-use super::dialect::{Arg, Bound, Dialect, ShadowBatch};
+use super::dialect::{Arg, Bound, Dialect};
 
-/// How shadow mode's record is written in the old path's transaction.
-#[derive(Debug)]
-pub(crate) enum ShadowWrite {
-    /// Written in with the COMMIT, in one round trip.
-    Batch(ShadowBatch),
-    /// A prepared upsert; the COMMIT follows.
-    Prepared(Bound),
+/// The values of shadow mode's upsert, as SQL.
+pub(crate) struct ShadowValues<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) version: &'a str,
+    pub(crate) fingerprint: &'a str,
+    pub(crate) status: &'a str,
+    pub(crate) fields: &'a str,
+    pub(crate) body: &'a str,
+    pub(crate) until: &'a str,
+    pub(crate) forget: &'a str,
+    pub(crate) now: &'a str,
+    pub(crate) no: &'a str,
 }
 
-/// The values of shadow mode's upsert, as SQL: parameters or literals.
-struct ShadowValues<'a> {
-    id: &'a str,
-    version: &'a str,
-    fingerprint: &'a str,
-    status: &'a str,
-    fields: &'a str,
-    body: &'a str,
-    until: &'a str,
-    forget: &'a str,
-    now: &'a str,
-    no: &'a str,
-}
-
-/// Shadow mode's upsert on `table` (see [`Statements::shadow_write`]).
-fn shadow_upsert(table: &str, conflict_target: &str, v: ShadowValues<'_>) -> String {
+/// Shadow mode's upsert on `table` (see [`Statements::shadow_write`]), for a dialect that sends
+/// it as it is.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) fn shadow_upsert(table: &str, conflict_target: &str, v: ShadowValues<'_>) -> String {
     format!(
         "INSERT INTO {table} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                                    response_status, response_headers, response_body, response_until, forget_at, \
@@ -66,7 +59,6 @@ fn shadow_upsert(table: &str, conflict_target: &str, v: ShadowValues<'_>) -> Str
         no = v.no,
     )
 }
-use super::millis;
 use crate::key::RecordId;
 use crate::record::{RecordState, StoredResponse};
 use crate::store::admin::kept_operation;
@@ -101,12 +93,8 @@ pub(crate) struct Statements<D> {
     purge_start: AtomicUsize,
     /// The admin and recovery statements.
     pub(crate) admin: AdminStatements<D>,
-    /// Shadow mode's upsert, with parameters (see [`shadow_write`](Self::shadow_write)).
-    shadow_upsert: SqlStr,
-    /// The table, qualified and quoted.
-    table: String,
-    /// What an upsert names the primary key by.
-    conflict_target: String,
+    /// Shadow mode's write (see [`shadow_write`](Self::shadow_write)).
+    shadow: SqlStr,
     dialect: PhantomData<D>,
 }
 
@@ -208,70 +196,19 @@ impl<D: Dialect> Statements<D> {
             purge_prepared: true,
             purge_start: AtomicUsize::new(0),
             admin: AdminStatements::new(t),
-            shadow_upsert: sql(shadow_upsert(
-                t,
-                conflict_target,
-                ShadowValues {
-                    id: &p(1),
-                    version: &p(2),
-                    fingerprint: &p(3),
-                    status: &p(4),
-                    fields: &p(5),
-                    body: &p(6),
-                    until: &D::later(7),
-                    forget: &D::later(8),
-                    now: &D::now(9),
-                    no: D::FALSE,
-                },
-            )),
-            table: t.to_owned(),
-            conflict_target: conflict_target.to_owned(),
+            shadow: sql(D::shadow_sql(t, conflict_target)),
             dialect: PhantomData,
         }
     }
 
-    /// Shadow mode's record of `entry`, upserted in the old path's transaction: written in, as
-    /// a batch that also commits in the same round trip, where the dialect sends one
-    /// ([`Dialect::shadow_batch`]); else the prepared upsert, the COMMIT following on its own.
-    /// The record is a completed one with the answer's status and no body, no labels (an
-    /// operation id lookup never finds a shadow record) and fencing token 0. It takes the place
-    /// of a forgotten record; any other record already there is kept, and no row changes.
-    pub(crate) fn shadow_write(&self, entry: &ShadowEntry) -> ShadowWrite {
-        let keep = millis(entry.retention.response);
-        let forget = keep.saturating_add(millis(entry.retention.tombstone));
-        let fields = StoredResponse::new(entry.status, "").encode_fields();
-        let now = D::now_literal();
-        let literal = shadow_upsert(
-            &self.table,
-            &self.conflict_target,
-            ShadowValues {
-                id: &D::blob_literal(entry.id.digest()),
-                version: &entry.fingerprint.version().to_string(),
-                fingerprint: &D::blob_literal(entry.fingerprint.digest()),
-                status: &entry.status.as_u16().to_string(),
-                fields: &D::blob_literal(&fields),
-                body: &D::blob_literal(b""),
-                until: &D::later_literal(keep),
-                forget: &D::later_literal(forget),
-                now: &now,
-                no: D::FALSE,
-            },
-        );
-        if let Some(batch) = D::shadow_batch(literal) {
-            return ShadowWrite::Batch(batch);
-        }
+    /// Shadow mode's record of `entry`, written in the old path's transaction just before its
+    /// COMMIT, by one prepared statement ([`Dialect::shadow_sql`]). The record is a completed
+    /// one with the answer's status and no body, no labels (an operation id lookup never finds
+    /// a shadow record) and fencing token 0. It takes the place of a forgotten record; any
+    /// other record already there is kept, and no row changes.
+    pub(crate) fn shadow_write(&self, entry: &ShadowEntry) -> Bound {
         let now = D::now_value();
-        let args = vec![
-            Arg::Bytes(entry.id.digest().to_vec()),
-            Arg::Small(i16::from(entry.fingerprint.version())),
-            Arg::Bytes(entry.fingerprint.digest().to_vec()),
-            Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
-            Arg::Bytes(fields),
-            Arg::Bytes(Vec::new()),
-            D::later_arg(now, entry.retention.response),
-            D::later_arg(now, entry.retention.response.saturating_add(entry.retention.tombstone)),
-        ];
-        ShadowWrite::Prepared(Bound::new(&self.shadow_upsert, args, now))
+        Bound::new(&self.shadow, D::shadow_args(entry, now), now)
     }
 
     /// Claims `request`'s identity as `processing`, holding a lease of `lease` (`None`: no lease,

@@ -109,16 +109,18 @@ pub use self::partitions::{InvalidPartitions, LayoutMismatch, MAX_PARTITIONS, MI
 use self::atomic::{AtomicClaim, AtomicStatements, is_retryable};
 use self::partitions::Layout;
 use super::claim::{Held, sql_store_surface};
-use super::dialect::{Arg, Dialect, ShadowBatch, bind_and_decode, run_bound_statements};
+use super::dialect::{Arg, Bound, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::{Records, acquire_by, check_identifier, migrator, millis, unavailable};
 use crate::name::InvalidName;
-use crate::store::{Begin, BeginRequest, CouplingMode, StoreError};
+use crate::record::StoredResponse;
+use crate::store::{Begin, BeginRequest, CouplingMode, ShadowEntry, StoreError};
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/postgres/0001_create_records.sql");
 const MIGRATION_0002: &str = include_str!("../../../../migrations/postgres/0002_deployment_secret.sql");
 const MIGRATION_0003: &str = include_str!("../../../../migrations/postgres/0003_record_lifecycle.sql");
+const MIGRATION_0006: &str = include_str!("../../../../migrations/postgres/0006_shadow_record.sql");
 
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
@@ -169,25 +171,29 @@ impl Dialect for Pg {
         format!("{now} + ({ms}) * interval '1 millisecond'")
     }
 
-    fn blob_literal(bytes: &[u8]) -> String {
-        atomic::bytea_literal(&crate::hex::encode(bytes))
+    // The migration's `<table>_shadow` function (0006): planned once per session, and its
+    // failure caught inside it (an error would abort the handler's transaction).
+    fn shadow_sql(table: &str, _: &str) -> String {
+        let function = format!("{}_shadow\"", table.strip_suffix('"').unwrap_or(table));
+        format!("SELECT {function}($1, $2::smallint, $3, $4::smallint, $5, $6::bigint, $7::bigint)")
     }
 
-    fn now_literal() -> String {
-        "clock_timestamp()".into()
+    // What the function returns.
+    async fn run_shadow(conn: &mut sqlx::PgConnection, statement: Bound) -> Result<i64, sqlx::Error> {
+        Self::fetch_token(conn, statement).await.map(|written| written.unwrap_or(0))
     }
 
-    fn later_literal(ms: i64) -> String {
-        format!("clock_timestamp() + {ms} * interval '1 millisecond'")
-    }
-
-    // An error aborts a PostgreSQL transaction: the shadow write goes in a savepoint, so that
-    // its failure can be undone alone and the handler's writes still commit.
-    fn shadow_batch(upsert: String) -> Option<ShadowBatch> {
-        Some(ShadowBatch {
-            sql: format!("SAVEPOINT tidem_shadow; {upsert}; RELEASE SAVEPOINT tidem_shadow; COMMIT; BEGIN"),
-            undo: Some("ROLLBACK TO SAVEPOINT tidem_shadow"),
-        })
+    fn shadow_args(entry: &ShadowEntry, _: Option<i64>) -> Vec<Arg> {
+        let retention = entry.retention;
+        vec![
+            Arg::Bytes(entry.id.digest().to_vec()),
+            Arg::Small(i16::from(entry.fingerprint.version())),
+            Arg::Bytes(entry.fingerprint.digest().to_vec()),
+            Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
+            Arg::Bytes(StoredResponse::new(entry.status, "").encode_fields()),
+            Arg::Int(Some(millis(retention.response))),
+            Arg::Int(Some(millis(retention.response.saturating_add(retention.tombstone)))),
+        ]
     }
 
     run_bound_statements!(Postgres);
@@ -272,7 +278,8 @@ impl PostgresStore {
         };
         let sql = [create_records.as_str(), MIGRATION_0002, MIGRATION_0003]
             .map(|sql| sql.replace("{schema}", schema).replace("{table}", table));
-        let mut migrator = migrator(sql, format!("\"{schema}\".\"_{table}_migrations\""));
+        let later = vec![(6, "shadow record", MIGRATION_0006.replace("{schema}", schema).replace("{table}", table))];
+        let mut migrator = migrator(sql, later, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
         migrator.run(&self.records.pool).await
     }

@@ -104,15 +104,15 @@ use tokio::time::Instant;
 
 use self::gates::{Gate, Gates};
 use super::claim::{self, Held, sql_store_surface};
-use super::dialect::{Bound, Dialect, ShadowBatch, bind_and_decode, run_bound_statements};
+use super::dialect::{Arg, Bound, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
-use super::statements::Statements;
+use super::statements::{ShadowValues, Statements, shadow_upsert};
 use super::tx::TxHandle;
 use super::{Records, begin_by, check_identifier, migrator, millis, unavailable};
 use crate::key::RecordId;
 use crate::name::InvalidName;
-use crate::record::RecordState;
-use crate::store::{Begin, BeginRequest, CouplingMode, FinishError, Outcome, Retention, StoreError};
+use crate::record::{RecordState, StoredResponse};
+use crate::store::{Begin, BeginRequest, CouplingMode, FinishError, Outcome, Retention, ShadowEntry, StoreError};
 
 mod gates;
 
@@ -164,22 +164,42 @@ impl Dialect for Lite {
         format!("{now} + ({ms})")
     }
 
-    fn blob_literal(bytes: &[u8]) -> String {
-        format!("X'{}'", crate::hex::encode(bytes))
+    // The upsert itself. A failed statement of SQLite's rolls back that statement alone, so the
+    // handler's writes still commit.
+    fn shadow_sql(table: &str, conflict_target: &str) -> String {
+        let p = Self::param;
+        let values = ShadowValues {
+            id: &p(1),
+            version: &p(2),
+            fingerprint: &p(3),
+            status: &p(4),
+            fields: &p(5),
+            body: &p(6),
+            until: &p(7),
+            forget: &p(8),
+            now: &p(9),
+            no: Self::FALSE,
+        };
+        shadow_upsert(table, conflict_target, values)
     }
 
-    fn now_literal() -> String {
-        now_ms().to_string()
+    // The rows the upsert changed.
+    async fn run_shadow(conn: &mut sqlx::SqliteConnection, statement: Bound) -> Result<i64, sqlx::Error> {
+        Self::execute(conn, statement).await.map(|changed| i64::try_from(changed).unwrap_or(i64::MAX))
     }
 
-    fn later_literal(ms: i64) -> String {
-        now_ms().saturating_add(ms).to_string()
-    }
-
-    // The prepared upsert, then the COMMIT (a failed statement of SQLite's rolls back that
-    // statement alone).
-    fn shadow_batch(_: String) -> Option<ShadowBatch> {
-        None
+    fn shadow_args(entry: &ShadowEntry, now: Option<i64>) -> Vec<Arg> {
+        let retention = entry.retention;
+        vec![
+            Arg::Bytes(entry.id.digest().to_vec()),
+            Arg::Small(i16::from(entry.fingerprint.version())),
+            Arg::Bytes(entry.fingerprint.digest().to_vec()),
+            Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
+            Arg::Bytes(StoredResponse::new(entry.status, "").encode_fields()),
+            Arg::Bytes(Vec::new()),
+            Self::later_arg(now, retention.response),
+            Self::later_arg(now, retention.response.saturating_add(retention.tombstone)),
+        ]
     }
 
     /// A busy write lock means the write never ran.
@@ -227,7 +247,7 @@ impl SqliteStore {
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         let table = &self.table;
         let sql = [MIGRATION_0001, MIGRATION_0002, MIGRATION_0003].map(|sql| sql.replace("{table}", table));
-        let migrator = migrator(sql, format!("\"_{table}_migrations\""));
+        let migrator = migrator(sql, Vec::new(), format!("\"_{table}_migrations\""));
         // sqlx takes no lock for SQLite migrations. Running the whole migrator inside one
         // write transaction makes concurrent migrate() calls (processes starting together)
         // queue on the write lock: the second one finds the first one's history. The
