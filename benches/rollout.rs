@@ -95,7 +95,7 @@ async fn defer_sqlite(
 ) -> axum::response::Response {
     tokio::spawn(async move {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
-        sqlx::query(
+        let written = sqlx::query(
             "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                  response_status, response_headers, response_body, response_until, forget_at, created_at, updated_at) \
              VALUES (?1, 'completed', 1, ?2, 0, 201, X'', X'', ?3 + 86400000, ?3 + 691200000, ?3, ?3)",
@@ -104,8 +104,9 @@ async fn defer_sqlite(
         .bind(row_id())
         .bind(now)
         .execute(&pool)
-        .await
-        .expect("deferred record");
+        .await;
+        // A write still pending when the run closes its pool is dropped with it.
+        drop(written);
     });
     response
 }
@@ -113,7 +114,7 @@ async fn defer_sqlite(
 /// The deferred write on PostgreSQL (see [`defer_sqlite`]).
 async fn defer_pg(State(pool): State<sqlx::PgPool>, response: axum::response::Response) -> axum::response::Response {
     tokio::spawn(async move {
-        sqlx::query(
+        let written = sqlx::query(
             "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                  response_status, response_headers, response_body, response_until, forget_at) \
              VALUES ($1, 'completed', 1, $2, 0, 201, '', '', clock_timestamp() + interval '1 day', \
@@ -122,8 +123,9 @@ async fn defer_pg(State(pool): State<sqlx::PgPool>, response: axum::response::Re
         .bind(row_id())
         .bind(row_id())
         .execute(&pool)
-        .await
-        .expect("deferred record");
+        .await;
+        // A write still pending when the run closes its pool is dropped with it.
+        drop(written);
     });
     response
 }
