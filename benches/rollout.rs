@@ -68,10 +68,8 @@ fn row_id() -> Vec<u8> {
         .collect()
 }
 
-/// The floor on SQLite: the order, and a row like a shadow record, in one transaction.
-async fn floor_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
-    let mut conn = tx.acquire().await.expect("open");
-    sqlx::query("INSERT INTO orders (body) VALUES (?1)").bind(body).execute(&mut *conn).await.expect("insert");
+/// A row like a shadow record (a random id, completed, status only) on SQLite.
+async fn record_row_sqlite<'e>(conn: impl sqlx::SqliteExecutor<'e>) -> Result<(), sqlx::Error> {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
     sqlx::query(
         "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
@@ -81,59 +79,13 @@ async fn floor_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
     .bind(row_id())
     .bind(row_id())
     .bind(now)
-    .execute(&mut *conn)
+    .execute(conn)
     .await
-    .expect("record");
-    StatusCode::CREATED
+    .map(drop)
 }
 
-/// After the answer has been produced (the order committed), a task of its own writes a row
-/// like a shadow record on SQLite, in a transaction of its own: the deferred write.
-async fn defer_sqlite(
-    State(pool): State<sqlx::SqlitePool>,
-    response: axum::response::Response,
-) -> axum::response::Response {
-    tokio::spawn(async move {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
-        let written = sqlx::query(
-            "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                 response_status, response_headers, response_body, response_until, forget_at, created_at, updated_at) \
-             VALUES (?1, 'completed', 1, ?2, 0, 201, X'', X'', ?3 + 86400000, ?3 + 691200000, ?3, ?3)",
-        )
-        .bind(row_id())
-        .bind(row_id())
-        .bind(now)
-        .execute(&pool)
-        .await;
-        // A write still pending when the run closes its pool is dropped with it.
-        drop(written);
-    });
-    response
-}
-
-/// The deferred write on PostgreSQL (see [`defer_sqlite`]).
-async fn defer_pg(State(pool): State<sqlx::PgPool>, response: axum::response::Response) -> axum::response::Response {
-    tokio::spawn(async move {
-        let written = sqlx::query(
-            "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                 response_status, response_headers, response_body, response_until, forget_at) \
-             VALUES ($1, 'completed', 1, $2, 0, 201, '', '', clock_timestamp() + interval '1 day', \
-                     clock_timestamp() + interval '8 days')",
-        )
-        .bind(row_id())
-        .bind(row_id())
-        .execute(&pool)
-        .await;
-        // A write still pending when the run closes its pool is dropped with it.
-        drop(written);
-    });
-    response
-}
-
-/// The floor on PostgreSQL: the order, and a row like a shadow record, in one transaction.
-async fn floor_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode {
-    let mut conn = tx.acquire().await.expect("open");
-    sqlx::query("INSERT INTO orders (body) VALUES ($1)").bind(body).execute(&mut *conn).await.expect("insert");
+/// A row like a shadow record on PostgreSQL (see [`record_row_sqlite`]).
+async fn record_row_pg<'e>(conn: impl sqlx::PgExecutor<'e>) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
              response_status, response_headers, response_body, response_until, forget_at) \
@@ -142,9 +94,41 @@ async fn floor_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode {
     )
     .bind(row_id())
     .bind(row_id())
-    .execute(&mut *conn)
+    .execute(conn)
     .await
-    .expect("record");
+    .map(drop)
+}
+
+/// The floor on SQLite: the order, and a row like a shadow record, in one transaction.
+async fn floor_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
+    let mut conn = tx.acquire().await.expect("open");
+    sqlx::query("INSERT INTO orders (body) VALUES (?1)").bind(body).execute(&mut *conn).await.expect("insert");
+    record_row_sqlite(&mut *conn).await.expect("record");
+    StatusCode::CREATED
+}
+
+/// After the answer has been produced (the order committed), a task of its own writes a row
+/// like a shadow record on SQLite, in a transaction of its own: the deferred write. A write
+/// still pending when the run closes its pool is dropped with it.
+async fn defer_sqlite(
+    State(pool): State<sqlx::SqlitePool>,
+    response: axum::response::Response,
+) -> axum::response::Response {
+    tokio::spawn(async move { drop(record_row_sqlite(&pool).await) });
+    response
+}
+
+/// The deferred write on PostgreSQL (see [`defer_sqlite`]).
+async fn defer_pg(State(pool): State<sqlx::PgPool>, response: axum::response::Response) -> axum::response::Response {
+    tokio::spawn(async move { drop(record_row_pg(&pool).await) });
+    response
+}
+
+/// The floor on PostgreSQL: the order, and a row like a shadow record, in one transaction.
+async fn floor_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode {
+    let mut conn = tx.acquire().await.expect("open");
+    sqlx::query("INSERT INTO orders (body) VALUES ($1)").bind(body).execute(&mut *conn).await.expect("insert");
+    record_row_pg(&mut *conn).await.expect("record");
     StatusCode::CREATED
 }
 

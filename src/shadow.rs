@@ -166,12 +166,8 @@ where
 
     // Any other store: the lookup, under the shadow identity, never waiting on a duplicate in
     // flight.
-    let begin = BeginRequest::new(&shadow_id, &fingerprint)
-        .wait(Duration::ZERO)
-        .lease(config.lease)
-        .stale_lease(config.stale_lease)
-        .retention(config.retention);
-    let (transaction, pending, known) = match guarded.store.begin(begin).await {
+    let (transaction, pending, known) = match guarded.store.begin(shadow_begin(&shadow_id, &fingerprint, &config)).await
+    {
         // An atomic store: the handler writes in the shadow claim's transaction, and the shadow
         // record commits with its writes.
         Ok(Begin::Claimed(claim)) if claim.handle().is_some() => (Some(OldTx::Shadow(claim)), None, None),
@@ -220,6 +216,15 @@ where
     Ok(response)
 }
 
+/// A shadow claim on `shadow_id`: it never waits on a duplicate in flight.
+fn shadow_begin<'a>(shadow_id: &'a RecordId, fingerprint: &'a Fingerprint, config: &Config) -> BeginRequest<'a> {
+    BeginRequest::new(shadow_id, fingerprint)
+        .wait(Duration::ZERO)
+        .lease(config.lease)
+        .stale_lease(config.stale_lease)
+        .retention(config.retention)
+}
+
 /// Records a stored failure under `shadow_id` with a claim of its own (the handler's writes
 /// rolled back): what enforce mode would have done.
 async fn record_apart<St: Store>(
@@ -230,12 +235,7 @@ async fn record_apart<St: Store>(
     status: StatusCode,
     same: impl FnOnce(&Record) -> bool,
 ) -> RequestResult {
-    let begin = BeginRequest::new(shadow_id, fingerprint)
-        .wait(Duration::ZERO)
-        .lease(config.lease)
-        .stale_lease(config.stale_lease)
-        .retention(config.retention);
-    match store.begin(begin).await {
+    match store.begin(shadow_begin(shadow_id, fingerprint, config)).await {
         Ok(Begin::Claimed(claim)) => match claim.finish(shadow_outcome(OutcomeClass::Reject, status)).await {
             Ok(()) => RequestResult::Executed,
             Err(error) => {

@@ -13,52 +13,6 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 use super::admin::AdminStatements;
 use super::dialect::{Arg, Bound, Dialect};
 
-/// The values of shadow mode's upsert, as SQL.
-pub(crate) struct ShadowValues<'a> {
-    pub(crate) id: &'a str,
-    pub(crate) version: &'a str,
-    pub(crate) fingerprint: &'a str,
-    pub(crate) status: &'a str,
-    pub(crate) fields: &'a str,
-    pub(crate) body: &'a str,
-    pub(crate) until: &'a str,
-    pub(crate) forget: &'a str,
-    pub(crate) now: &'a str,
-    pub(crate) no: &'a str,
-}
-
-/// Shadow mode's upsert on `table` (see [`Statements::shadow_write`]), for a dialect that sends
-/// it as it is.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-pub(crate) fn shadow_upsert(table: &str, conflict_target: &str, v: ShadowValues<'_>) -> String {
-    format!(
-        "INSERT INTO {table} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                                   response_status, response_headers, response_body, response_until, forget_at, \
-                                   created_at, updated_at) \
-         VALUES ({id}, '{completed}', {version}, {fingerprint}, 0, {status}, {fields}, {body}, {until}, \
-                 {forget}, {now}, {now}) \
-         ON CONFLICT {conflict_target} DO UPDATE SET \
-             state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
-             fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
-             response_status = excluded.response_status, response_headers = excluded.response_headers, \
-             response_body = excluded.response_body, response_until = excluded.response_until, \
-             forget_at = excluded.forget_at, created_at = excluded.created_at, \
-             updated_at = excluded.updated_at, reexecutable = {no}, operation = NULL, \
-             scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
-         WHERE r.forget_at <= {now}",
-        completed = RecordState::Completed.as_str(),
-        id = v.id,
-        version = v.version,
-        fingerprint = v.fingerprint,
-        status = v.status,
-        fields = v.fields,
-        body = v.body,
-        until = v.until,
-        forget = v.forget,
-        now = v.now,
-        no = v.no,
-    )
-}
 use crate::key::RecordId;
 use crate::record::{RecordState, StoredResponse};
 use crate::store::admin::kept_operation;

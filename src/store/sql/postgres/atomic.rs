@@ -350,7 +350,7 @@ impl AtomicStatements {
 /// A bytea literal of hex digits, for the simple-query protocol: an escape string, so that it
 /// reads the same whatever `standard_conforming_strings` says, and a constant the parser takes
 /// as it is (a `decode(..)` call would cost a function lookup on every statement).
-pub(super) fn bytea_literal(hex: &str) -> String {
+fn bytea_literal(hex: &str) -> String {
     format!("E'\\\\x{hex}'::bytea")
 }
 

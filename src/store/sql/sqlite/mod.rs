@@ -106,7 +106,7 @@ use self::gates::{Gate, Gates};
 use super::claim::{self, Held, sql_store_surface};
 use super::dialect::{Arg, Bound, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
-use super::statements::{ShadowValues, Statements, shadow_upsert};
+use super::statements::Statements;
 use super::tx::TxHandle;
 use super::{Records, begin_by, check_identifier, migrator, millis, unavailable};
 use crate::key::RecordId;
@@ -164,23 +164,26 @@ impl Dialect for Lite {
         format!("{now} + ({ms})")
     }
 
-    // The upsert itself. A failed statement of SQLite's rolls back that statement alone, so the
-    // handler's writes still commit.
+    // The upsert itself: a completed record with the status only, taking the place of a
+    // forgotten one. A failed statement of SQLite's rolls back that statement alone, so the
+    // handler's writes still commit. (PostgreSQL's twin is migration 0006's function.)
     fn shadow_sql(table: &str, conflict_target: &str) -> String {
-        let p = Self::param;
-        let values = ShadowValues {
-            id: &p(1),
-            version: &p(2),
-            fingerprint: &p(3),
-            status: &p(4),
-            fields: &p(5),
-            body: &p(6),
-            until: &p(7),
-            forget: &p(8),
-            now: &p(9),
-            no: Self::FALSE,
-        };
-        shadow_upsert(table, conflict_target, values)
+        format!(
+            "INSERT INTO {table} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                                       response_status, response_headers, response_body, response_until, \
+                                       forget_at, created_at, updated_at) \
+             VALUES (?1, '{completed}', ?2, ?3, 0, ?4, ?5, X'', ?6, ?7, ?8, ?8) \
+             ON CONFLICT {conflict_target} DO UPDATE SET \
+                 state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
+                 fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
+                 response_status = excluded.response_status, response_headers = excluded.response_headers, \
+                 response_body = excluded.response_body, response_until = excluded.response_until, \
+                 forget_at = excluded.forget_at, created_at = excluded.created_at, \
+                 updated_at = excluded.updated_at, reexecutable = 0, operation = NULL, \
+                 scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
+             WHERE r.forget_at <= ?8",
+            completed = RecordState::Completed.as_str(),
+        )
     }
 
     // The rows the upsert changed.
@@ -196,7 +199,6 @@ impl Dialect for Lite {
             Arg::Bytes(entry.fingerprint.digest().to_vec()),
             Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
             Arg::Bytes(StoredResponse::new(entry.status, "").encode_fields()),
-            Arg::Bytes(Vec::new()),
             Self::later_arg(now, retention.response),
             Self::later_arg(now, retention.response.saturating_add(retention.tombstone)),
         ]
