@@ -18,9 +18,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use tokio::sync::watch;
-
 use crate::key::RecordId;
+use crate::lease_lost::LeaseLost;
 
 /// The handler's view of its idempotent execution.
 #[derive(Clone)]
@@ -34,7 +33,7 @@ struct Inner {
     operation_id: OnceLock<String>,
     fencing_token: Option<u64>,
     /// Turns `true` when the layer's heartbeat finds the lease lost; `None`: never.
-    lease_lost: Option<watch::Receiver<bool>>,
+    lease_lost: Option<LeaseLost>,
 }
 
 impl IdempotencyContext {
@@ -48,7 +47,7 @@ impl IdempotencyContext {
         id: RecordId,
         operation: impl Into<Arc<str>>,
         fencing_token: Option<u64>,
-        signal: Option<watch::Receiver<bool>>,
+        signal: Option<LeaseLost>,
     ) -> Self {
         let inner =
             Inner { id, operation: operation.into(), operation_id: OnceLock::new(), fencing_token, lease_lost: signal };
@@ -60,18 +59,15 @@ impl IdempotencyContext {
     /// `idempotency_commit_uncertain`. A handler that checks it before its side effect can stop
     /// there. Always `false` in atomic mode, where the transaction fences the handler.
     pub fn lease_lost(&self) -> bool {
-        self.inner.lease_lost.as_ref().is_some_and(|signal| *signal.borrow())
+        self.inner.lease_lost.as_ref().is_some_and(LeaseLost::is_raised)
     }
 
     /// Resolves when the lease is found lost ([`lease_lost`](Self::lease_lost)); never, if it
     /// is not (race it against the handler's work with `tokio::select!`).
     pub async fn lease_lost_signal(&self) {
-        let Some(mut signal) = self.inner.lease_lost.clone() else {
-            return std::future::pending().await;
-        };
-        if signal.wait_for(|lost| *lost).await.is_err() {
-            // The layer is done with this execution without finding the lease lost.
-            std::future::pending::<()>().await;
+        match &self.inner.lease_lost {
+            Some(signal) => signal.raised().await,
+            None => std::future::pending().await,
         }
     }
 

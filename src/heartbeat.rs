@@ -13,28 +13,27 @@ use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::join::{Either, first};
+use crate::lease_lost::LeaseLost;
 use crate::store::{Claim, Renewal};
 
 /// The shortest interval between renewals, whatever the lease.
 const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
-/// The lease-lost signal of a leased claim with the heartbeat on: the sender for the heartbeat,
-/// the receiver for the handler's context. `None` for claims without a lease (atomic), or with
-/// the heartbeat off.
-pub(crate) fn signal<C: Claim>(claim: &C, enabled: bool) -> Option<(watch::Sender<bool>, watch::Receiver<bool>)> {
-    (enabled && claim.fencing_token().is_some()).then(|| watch::channel(false))
+/// The lease-lost signal of a leased claim with the heartbeat on, shared by the heartbeat and
+/// the handler's context. `None` for claims without a lease (atomic), or with the heartbeat off.
+pub(crate) fn signal<C: Claim>(claim: &C, enabled: bool) -> Option<LeaseLost> {
+    (enabled && claim.fencing_token().is_some()).then(LeaseLost::default)
 }
 
 /// Runs `handler` to its end while renewing `claim`'s lease (of `lease`) beside it, and hands
-/// the claim back with the handler's output. Without a `lost` sender, only runs the handler.
+/// the claim back with the handler's output. Without a `lost` signal, only runs the handler.
 pub(crate) async fn beside<C: Claim, F: Future>(
     claim: C,
     lease: Duration,
-    lost: Option<watch::Sender<bool>>,
+    lost: Option<LeaseLost>,
     handler: F,
 ) -> (C, F::Output) {
     let Some(lost) = lost else {
@@ -42,10 +41,12 @@ pub(crate) async fn beside<C: Claim, F: Future>(
     };
     let interval = (lease / 3).max(MIN_INTERVAL);
     let mut handler = pin!(handler);
-    // The lease the claim began with runs from no later than now.
-    let mut held_until = Instant::now() + lease;
+    // The lease the claim began with runs from no later than now (one clock reading for both).
+    let started = Instant::now();
+    let mut held_until = started + lease;
+    let mut next_beat = started + interval;
     loop {
-        let tick = tokio::time::sleep(interval);
+        let tick = tokio::time::sleep_until(next_beat);
         if let Either::Left(output) = first(handler.as_mut(), pin!(tick)).await {
             return (claim, output);
         }
@@ -56,6 +57,7 @@ pub(crate) async fn beside<C: Claim, F: Future>(
             Either::Left(output) => return (claim, output),
             Either::Right(renewed) => renewed,
         };
+        next_beat = Instant::now() + interval;
         match renewed {
             Ok(Ok(Renewal::Renewed)) => held_until = sent + lease,
             Ok(Ok(Renewal::NotLeased)) => return (claim, handler.await),
@@ -74,9 +76,9 @@ pub(crate) async fn beside<C: Claim, F: Future>(
 }
 
 /// Raises the lease-lost signal, then waits for the handler to answer.
-async fn lose<F: Future>(lost: &watch::Sender<bool>, handler: std::pin::Pin<&mut F>) -> F::Output {
+async fn lose<F: Future>(lost: &LeaseLost, handler: std::pin::Pin<&mut F>) -> F::Output {
     tracing::warn!("idempotency: the lease of a running handler was lost; its outcome will not be stored");
-    lost.send_replace(true);
+    lost.raise();
     handler.await
 }
 
@@ -108,9 +110,9 @@ mod tests {
         let lease = Duration::from_millis(200);
         let (alive, fp) = (id("alive"), Fingerprint::from_parts(1, [1; 32]));
         let claim = leased(&store, &alive, lease).await;
-        let (sender, receiver) = signal(&claim, true).expect("a leased claim has a heartbeat");
-        let (claim, ()) = beside(claim, lease, Some(sender), tokio::time::sleep(lease * 3)).await;
-        assert!(!*receiver.borrow(), "a live handler keeps its lease");
+        let lost = signal(&claim, true).expect("a leased claim has a heartbeat");
+        let (claim, ()) = beside(claim, lease, Some(lost.clone()), tokio::time::sleep(lease * 3)).await;
+        assert!(!lost.is_raised(), "a live handler keeps its lease");
         // A duplicate still finds it in flight: the lease was extended past three lease lengths.
         assert!(matches!(store.begin(BeginRequest::new(&alive, &fp)).await.unwrap(), Begin::InFlight { .. }));
         drop(claim);
@@ -124,13 +126,13 @@ mod tests {
         // A record evicted under a running handler: the next beat raises the signal.
         let evicted = id("evicted");
         let claim = leased(&store, &evicted, lease).await;
-        let (sender, receiver) = signal(&claim, true).unwrap();
+        let lost = signal(&claim, true).unwrap();
         let evict = async {
             tokio::time::sleep(lease / 2).await;
             crate::store::Admin::evict(&store, &evicted).await.unwrap();
             tokio::time::sleep(lease * 2).await;
         };
-        let (_claim, ()) = beside(claim, lease, Some(sender), evict).await;
-        assert!(*receiver.borrow(), "the heartbeat finds the lease lost");
+        let (_claim, ()) = beside(claim, lease, Some(lost.clone()), evict).await;
+        assert!(lost.is_raised(), "the heartbeat finds the lease lost");
     }
 }

@@ -188,6 +188,7 @@ mod hex;
 mod join;
 pub mod key;
 mod layer;
+mod lease_lost;
 mod name;
 mod old_path;
 #[cfg(feature = "outbox")]

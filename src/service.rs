@@ -187,7 +187,9 @@ where
             }
             answer
         }
-        RolloutMode::Shadow => shadow::shadow(guarded, parts, body, key, scope, rebuild).await,
+        // The shadow and old paths are boxed, so that their states do not widen the enforced
+        // path's future, which every enforced request allocates and moves.
+        RolloutMode::Shadow => Box::pin(shadow::shadow(guarded, parts, body, key, scope, rebuild)).await,
         _ => {
             let context = match (key, scope) {
                 (Ok(Some(key)), Some(scope)) => {
@@ -196,7 +198,9 @@ where
                 }
                 _ => None,
             };
-            old_path::old_path(&mut guarded, Request::from_parts(parts, body), context).await.map(|(answer, ..)| answer)
+            Box::pin(old_path::old_path(&mut guarded, Request::from_parts(parts, body), context))
+                .await
+                .map(|(answer, ..)| answer)
         }
     }
 }
@@ -298,15 +302,19 @@ where
     if let Some(token) = fencing_token {
         span.record("fencing_token", token);
     }
-    let lease_signal = heartbeat::signal(&claim, config.heartbeat);
-    let (beat, lease_lost) = lease_signal.map_or((None, None), |(beat, lost)| (Some(beat), Some(lost)));
-    parts.extensions.insert(IdempotencyContext::with_lease_signal(id, operation.clone(), fencing_token, lease_lost));
+    let lease_lost = heartbeat::signal(&claim, config.heartbeat);
+    parts.extensions.insert(IdempotencyContext::with_lease_signal(
+        id,
+        operation.clone(),
+        fencing_token,
+        lease_lost.clone(),
+    ));
     if let Some(handle) = claim.handle() {
         parts.extensions.insert(handle);
     }
     let called = timer.now();
     let handler = inner.call(Request::from_parts(parts, rebuild(body)));
-    let (claim, response) = heartbeat::beside(claim, config.lease, beat, handler).await;
+    let (claim, response) = heartbeat::beside(claim, config.lease, lease_lost, handler).await;
     timer.inner_took(Timer::since(called));
     drop(reservation);
     let response = match response {

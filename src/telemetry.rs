@@ -210,7 +210,7 @@ pub(crate) enum StoreStep {
 mod imp {
     use std::collections::HashMap;
     use std::sync::{Arc, OnceLock, RwLock};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use metrics::{Counter, Histogram};
 
@@ -311,25 +311,40 @@ mod imp {
         }
     }
 
+    /// The clock the timings read: the CPU's time-stamp counter where it is invariant (a
+    /// register read, a few nanoseconds), else the operating system's monotonic clock. The
+    /// counter is calibrated against the monotonic clock once per process, on first use.
+    fn clock() -> &'static quanta::Clock {
+        static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
+        CLOCK.get_or_init(quanta::Clock::new)
+    }
+
+    /// A reading of [`clock`]: raw ticks, turned into time only when a step's length is taken.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Tick(u64);
+
     /// Measures the layer's own time: the whole guarded path less the inner service's.
     pub(crate) struct Timer {
-        start: Instant,
+        start: Tick,
         inner: Duration,
     }
 
     impl Timer {
         pub(crate) fn start() -> Self {
-            Self { start: Instant::now(), inner: Duration::ZERO }
+            Self { start: Tick(clock().raw()), inner: Duration::ZERO }
         }
 
         /// Now, to time a step.
-        pub(crate) fn now(&self) -> Option<Instant> {
-            Some(Instant::now())
+        pub(crate) fn now(&self) -> Option<Tick> {
+            Some(Tick(clock().raw()))
         }
 
         /// The time since `since` (from [`now`](Self::now)).
-        pub(crate) fn since(since: Option<Instant>) -> Duration {
-            since.map_or(Duration::ZERO, |since| since.elapsed())
+        pub(crate) fn since(since: Option<Tick>) -> Duration {
+            since.map_or(Duration::ZERO, |Tick(since)| {
+                let clock = clock();
+                clock.delta(since, clock.raw())
+            })
         }
 
         /// The inner service took `took`.
@@ -339,7 +354,7 @@ mod imp {
 
         /// The layer's own time so far.
         pub(crate) fn overhead(&self) -> Duration {
-            self.start.elapsed().saturating_sub(self.inner)
+            Self::since(Some(self.start)).saturating_sub(self.inner)
         }
     }
 }
