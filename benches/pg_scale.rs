@@ -182,6 +182,10 @@ async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
         let to = (from + CHUNK).min(if from < answered { answered } else { rows });
         // The identity and fingerprint are SHA-256 digests, as the layer's are (random order in
         // the primary key); the answer varies in its first 16 bytes, so no two rows are alike.
+        // Every row's times differ (by a microsecond a row), as the store's `clock_timestamp()`
+        // makes them: equal times would let the expiry indexes deduplicate their keys and look
+        // several times smaller than they are.
+        let step = "g * interval '1 microsecond'";
         let statement = format!(
             "INSERT INTO big (record_id, state, fingerprint_version, fingerprint, fencing_token, response_status, \
                  response_headers, response_body, response_until, forget_at, created_at, updated_at, \
@@ -191,9 +195,9 @@ async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
                  CASE WHEN g < {answered} THEN 201 END, \
                  CASE WHEN g < {answered} THEN '\\x{headers}'::bytea END, \
                  CASE WHEN g < {answered} THEN overlay('\\x{body}'::bytea placing decode(md5(g::text), 'hex') from 1) END, \
-                 CASE WHEN g < {live} THEN now() + interval '1 day' ELSE now() - interval '1 hour' END, \
-                 CASE WHEN g < {answered} THEN now() + interval '8 days' ELSE now() - interval '1 minute' END, \
-                 now() - interval '1 day', now() - interval '1 day', \
+                 CASE WHEN g < {live} THEN now() + interval '1 day' ELSE now() - interval '1 hour' END + {step}, \
+                 CASE WHEN g < {answered} THEN now() + interval '8 days' ELSE now() - interval '1 minute' END + {step}, \
+                 now() - interval '1 day' + {step}, now() - interval '1 day' + {step}, \
                  'POST /orders', sha256(int8send(g % 1000)), substr(sha256(int8send(g) || '\\x01'::bytea), 1, 16) \
              FROM generate_series({from}::bigint, {to}::bigint - 1) g"
         );

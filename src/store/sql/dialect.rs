@@ -65,8 +65,15 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// The literal false, for `COALESCE` over a comparison with `NULL`.
     const FALSE: &'static str;
 
-    /// What follows the purge's batch selection (row locks skipped by concurrent purges).
+    /// What follows a batch selection (row locks skipped by concurrent workers).
     const BATCH_LOCK: &'static str = "";
+
+    /// The `WHERE` clause of a purge statement on `t` (qualified and quoted): at most `limit`
+    /// rows that meet `condition`, picked by their physical address so that no primary-key
+    /// lookup follows the pick (SQLite's `rowid`).
+    fn purge_pick(t: &str, condition: &str, limit: &str) -> String {
+        format!("rowid IN (SELECT rowid FROM {t} WHERE {condition} LIMIT {limit})")
+    }
 
     /// The `n`th parameter (1-based).
     fn param(n: usize) -> String {

@@ -289,20 +289,16 @@ impl PurgeStatements {
         let now = D::now(2);
         Self {
             forget: sql(format!(
-                "DELETE FROM {t} WHERE record_id IN ( \
-                     SELECT record_id FROM {t} WHERE forget_at <= {now} LIMIT {limit}{lock})",
-                limit = p(1),
-                lock = D::BATCH_LOCK,
+                "DELETE FROM {t} WHERE {picked}",
+                picked = D::purge_pick(t, &format!("forget_at <= {now}"), &p(1)),
             )),
             expire: sql(format!(
                 "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
                      response_body = NULL, updated_at = {now} \
-                 WHERE record_id IN ( \
-                     SELECT record_id FROM {t} WHERE state <> '{expired}' AND response_until <= {now} \
-                     LIMIT {limit}{lock})",
+                 WHERE {picked}",
                 expired = EXPIRED.as_str(),
-                limit = p(1),
-                lock = D::BATCH_LOCK,
+                picked =
+                    D::purge_pick(t, &format!("state <> '{}' AND response_until <= {now}", EXPIRED.as_str()), &p(1)),
             )),
         }
     }

@@ -136,6 +136,17 @@ impl Dialect for Pg {
 
     const BATCH_LOCK: &'static str = " FOR UPDATE SKIP LOCKED";
 
+    // The picked rows' `ctid`s as an array: one TID scan, no primary-key lookup per row (half
+    // the purge's time at 5,000 a batch). Locked as they are picked, so concurrent purges skip
+    // them; the condition is checked again on the row an address finds, so a row updated since
+    // its pick (its old address then names a dead version) is left for the next batch.
+    fn purge_pick(t: &str, condition: &str, limit: &str) -> String {
+        format!(
+            "ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE {condition} LIMIT {limit}{lock})) AND {condition}",
+            lock = Self::BATCH_LOCK
+        )
+    }
+
     fn now(_: usize) -> String {
         "clock_timestamp()".into()
     }
