@@ -121,6 +121,7 @@ const MIGRATION_0001: &str = include_str!("../../../../migrations/postgres/0001_
 const MIGRATION_0002: &str = include_str!("../../../../migrations/postgres/0002_deployment_secret.sql");
 const MIGRATION_0003: &str = include_str!("../../../../migrations/postgres/0003_record_lifecycle.sql");
 const MIGRATION_0006: &str = include_str!("../../../../migrations/postgres/0006_shadow_record.sql");
+const MIGRATION_0007: &str = include_str!("../../../../migrations/postgres/0007_operation_id_hash.sql");
 
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
@@ -289,7 +290,9 @@ impl PostgresStore {
         };
         let sql = [create_records.as_str(), MIGRATION_0002, MIGRATION_0003]
             .map(|sql| sql.replace("{schema}", schema).replace("{table}", table));
-        let later = vec![(6, "shadow record", MIGRATION_0006.replace("{schema}", schema).replace("{table}", table))];
+        let named = |sql: &str| sql.replace("{schema}", schema).replace("{table}", table);
+        let later =
+            vec![(6, "shadow record", named(MIGRATION_0006)), (7, "operation id hash index", named(MIGRATION_0007))];
         let mut migrator = migrator(sql, later, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
         migrator.run(&self.records.pool).await
