@@ -5,12 +5,13 @@
 //! were resolved with no recorder installed (`layer`: every metric a no-op), and the layer whose
 //! handles were resolved under a Prometheus recorder (`recorded`: every metric recorded).
 //!
-//! Time is the thread's own CPU time (`/proc/thread-self/schedstat`; the runtime is
+//! Time is the thread's own CPU time (`CLOCK_THREAD_CPUTIME_ID`; the runtime is
 //! single-threaded, so every request runs on this thread), which other processes on a shared
 //! machine do not inflate, as they do wall time. Each round runs `SLICES` slices of `SLICE`
 //! requests of each service, rotating which goes first, so the three share whatever the machine
-//! does meanwhile. The per-round share `(recorded - layer) / (layer - bare)` is printed as a
-//! median and range, and the share of the whole run's sums.
+//! does meanwhile. The share `(recorded - layer) / (layer - bare)` is printed per step (the three
+//! adjacent slices of one step: median and quartiles over all steps, the least disturbed by
+//! the machine's drift), per round (median and range), and of the whole run's sums.
 //!
 //! Run with `cargo bench --features metrics --bench metrics_cost` (`METRICS_COST_ROUNDS`, default 15).
 
@@ -28,13 +29,12 @@ const SLICE: u64 = 500;
 /// Slices of each service per round.
 const SLICES: u64 = 40;
 
-/// This thread's CPU time so far, in nanoseconds (Linux); wall time elsewhere.
+/// This thread's CPU time so far, in nanoseconds: `CLOCK_THREAD_CPUTIME_ID`, which the kernel
+/// brings up to date when it is read (`/proc/thread-self/schedstat` lags the running thread by
+/// up to a scheduler tick, several milliseconds, longer than a slice takes).
 fn cpu_now() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    match std::fs::read_to_string("/proc/thread-self/schedstat") {
-        Ok(text) => text.split_whitespace().next().and_then(|ns| ns.parse().ok()).unwrap_or(0),
-        Err(_) => START.get_or_init(Instant::now).elapsed().as_nanos() as u64,
-    }
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 async fn handler(request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -82,6 +82,7 @@ fn main() {
     runtime.block_on(async {
         let mut next = 0;
         let mut shares = Vec::new();
+        let mut slice_shares = Vec::new();
         let mut sums = [Duration::ZERO; 3];
         for round in 0..rounds {
             // Fresh stores each round, so the map never grows past a few batches.
@@ -97,14 +98,22 @@ fn main() {
             }
             let mut times = [0u64; 3];
             for slice_index in 0..SLICES {
+                let mut slices = [0u64; 3];
                 for step in 0..3 {
                     let which = (step + slice_index as usize + round) % 3;
-                    times[which] += match which {
+                    slices[which] = match which {
                         0 => slice(&bare, &body, &mut next).await,
                         1 => slice(&layer, &body, &mut next).await,
                         _ => slice(&recorded, &body, &mut next).await,
                     };
                 }
+                for (time, slice) in times.iter_mut().zip(slices) {
+                    *time += slice;
+                }
+                // The three slices of one step ran back to back: their share is the least
+                // disturbed by what the machine does over a whole round.
+                let [bare, layer, recorded] = slices.map(|t| t as f64);
+                slice_shares.push((recorded - layer) / (layer - bare));
                 handle.run_upkeep();
             }
             let per_request = |ns: u64| Duration::from_nanos(ns / (SLICE * SLICES));
@@ -116,6 +125,15 @@ fn main() {
         }
         assert!(handle.render().contains("idempotency_requests_total"), "the recorder saw the layer's metrics");
         shares.sort_by(f64::total_cmp);
+        slice_shares.sort_by(f64::total_cmp);
+        let quartile = |q: usize| slice_shares[(slice_shares.len() - 1) * q / 4] * 100.0;
+        println!(
+            "metrics' share per step of three adjacent slices ({} steps): median {:.1}%, quartiles {:.1}% to {:.1}%",
+            slice_shares.len(),
+            quartile(2),
+            quartile(1),
+            quartile(3),
+        );
         let mean = |sum: Duration| sum.as_secs_f64() * 1e6 / rounds as f64;
         let [bare, layer, recorded] = sums.map(|sum| sum.as_secs_f64());
         println!(
