@@ -21,7 +21,11 @@
 //!    `Claim::finish` with the 300-byte answer; a replay is `begin` on a completed key), with
 //!    `CLIENTS` concurrent clients, on `big` against `small`, in rounds whose order alternates,
 //!    p50 and p99 per round and their ratios (median and range);
-//! 3. **purge throughput while serving**: the same claims as traffic, windows without a purge
+//! 3. **the purge alone**: batches of 5,000 back to back for a few seconds with nothing else
+//!    running: records a second, and PostgreSQL's CPU per purged record (the backends of the
+//!    benchmark's database, `support/pg_cpu.rs`), which says how much of the database's CPU a
+//!    purge at the aim's rate takes from serving;
+//! 4. **purge throughput while serving**: the same claims as traffic, windows without a purge
 //!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
 //!    size: records purged per second, and the serving throughput with the purge over the one
 //!    without (the window before it).
@@ -34,6 +38,8 @@
 
 #[path = "support/bench_db.rs"]
 mod bench_db;
+#[path = "support/pg_cpu.rs"]
+mod pg_cpu;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +64,8 @@ const ROUNDS: usize = 3;
 /// One serving window of the purge measurement.
 const PURGE_WINDOW: Duration = Duration::from_secs(5);
 const BATCHES: [usize; 3] = [1_000, 5_000, 20_000];
+/// How long the purge runs alone, before the purge while serving.
+const PURGE_ALONE: Duration = Duration::from_secs(2);
 
 /// The body every stored answer carries: 300 bytes.
 fn answer_body() -> String {
@@ -278,7 +286,9 @@ fn main() {
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_scale", POOL).await;
         let pool = database.pool.clone();
-        let outcome = tokio::spawn(measure(pool, rows, partitions)).await;
+        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&bench_db::database_url()).await;
+        let cpu = pg_cpu::PgCpu::new(admin.expect("connect to the server's own database"), database.name()).await;
+        let outcome = tokio::spawn(measure(pool, rows, partitions, cpu)).await;
         database.drop().await;
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic.into_panic());
@@ -286,7 +296,7 @@ fn main() {
     });
 }
 
-async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>) {
+async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::PgCpu) {
     let layout = |store: PostgresStore| match partitions {
         Some(n) => store.hash_partitions(n).expect("PG_SCALE_PARTITIONS: 2 to 1024"),
         None => store,
@@ -359,6 +369,8 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>) {
     ratio_line("  replay p50", replay50);
     ratio_line("  replay p99", replay99);
 
+    purge_alone(&big, &cpu).await;
+
     println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
     let serving = &targets[1];
     for batch in BATCHES {
@@ -398,4 +410,32 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>) {
             without.quantile(0.99),
         );
     }
+}
+
+/// The purge with nothing else running, for `PURGE_ALONE`: records purged a second, and the
+/// CPU PostgreSQL spends per purged record (the backends of the benchmark's database). That CPU,
+/// times the aim's 50,000 records a second, is the share of the database's cores a purge at that
+/// rate takes from serving, whatever the batch.
+async fn purge_alone(big: &PostgresStore, cpu: &pg_cpu::PgCpu) {
+    let before = cpu.sample().await;
+    let (mut purged, started) = (0usize, Instant::now());
+    while started.elapsed() < PURGE_ALONE {
+        match big.purge(5_000).await.expect("purge") {
+            0 => break,
+            n => purged += n,
+        }
+    }
+    let elapsed = started.elapsed();
+    let spent = before.until(&cpu.sample().await);
+    let Some(database_ns) = spent.database_ns.filter(|_| purged > 0) else {
+        println!("\npurge alone: {purged} records purged; no CPU reading");
+        return;
+    };
+    let per_record_us = database_ns as f64 / purged as f64 / 1000.0;
+    println!(
+        "\npurge alone (batch 5,000, nothing else running): {:.0} records/s purged ({purged} in {elapsed:.1?}); \
+         PostgreSQL CPU {per_record_us:.1} µs per purged record, so 50,000 a second takes {:.2} cores of the database",
+        purged as f64 / elapsed.as_secs_f64(),
+        per_record_us * 50_000.0 / 1e6,
+    );
 }
