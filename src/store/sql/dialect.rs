@@ -142,8 +142,20 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
         statement: Bound,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
-    /// The arguments of [`shadow_sql`](Self::shadow_sql) for `entry`, "now" being `now`.
-    fn shadow_args(entry: &ShadowEntry, now: Option<i64>) -> Vec<Arg>;
+    /// The arguments of [`shadow_sql`](Self::shadow_sql) for `entry`, "now" being `now`: the
+    /// record's identity, fingerprint and status, and its two times as [`later_arg`](Self::later_arg)s.
+    fn shadow_args(entry: &ShadowEntry, now: Option<i64>) -> Vec<Arg> {
+        let retention = entry.retention;
+        vec![
+            Arg::Bytes(entry.id.digest().to_vec()),
+            Arg::Small(i16::from(entry.fingerprint.version())),
+            Arg::Bytes(entry.fingerprint.digest().to_vec()),
+            Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
+            Arg::Bytes(crate::record::StoredResponse::new(entry.status, "").encode_fields()),
+            Self::later_arg(now, retention.response),
+            Self::later_arg(now, retention.response.saturating_add(retention.tombstone)),
+        ]
+    }
 
     /// Whether a fenced write's error means the write surely never ran (by default, no error
     /// says so).

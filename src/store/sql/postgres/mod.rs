@@ -114,8 +114,7 @@ use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::{Records, acquire_by, check_identifier, migrator, millis, unavailable};
 use crate::name::InvalidName;
-use crate::record::StoredResponse;
-use crate::store::{Begin, BeginRequest, CouplingMode, ShadowEntry, StoreError};
+use crate::store::{Begin, BeginRequest, CouplingMode, StoreError};
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/postgres/0001_create_records.sql");
 const MIGRATION_0002: &str = include_str!("../../../../migrations/postgres/0002_deployment_secret.sql");
@@ -193,19 +192,6 @@ impl Dialect for Pg {
     // What the function returns.
     async fn run_shadow(conn: &mut sqlx::PgConnection, statement: Bound) -> Result<i64, sqlx::Error> {
         Self::fetch_token(conn, statement).await.map(|written| written.unwrap_or(0))
-    }
-
-    fn shadow_args(entry: &ShadowEntry, _: Option<i64>) -> Vec<Arg> {
-        let retention = entry.retention;
-        vec![
-            Arg::Bytes(entry.id.digest().to_vec()),
-            Arg::Small(i16::from(entry.fingerprint.version())),
-            Arg::Bytes(entry.fingerprint.digest().to_vec()),
-            Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
-            Arg::Bytes(StoredResponse::new(entry.status, "").encode_fields()),
-            Arg::Int(Some(millis(retention.response))),
-            Arg::Int(Some(millis(retention.response.saturating_add(retention.tombstone)))),
-        ]
     }
 
     run_bound_statements!(Postgres);

@@ -104,15 +104,15 @@ use tokio::time::Instant;
 
 use self::gates::{Gate, Gates};
 use super::claim::{self, Held, sql_store_surface};
-use super::dialect::{Arg, Bound, Dialect, bind_and_decode, run_bound_statements};
+use super::dialect::{Bound, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::tx::TxHandle;
 use super::{Records, begin_by, check_identifier, migrator, millis, unavailable};
 use crate::key::RecordId;
 use crate::name::InvalidName;
-use crate::record::{RecordState, StoredResponse};
-use crate::store::{Begin, BeginRequest, CouplingMode, FinishError, Outcome, Retention, ShadowEntry, StoreError};
+use crate::record::RecordState;
+use crate::store::{Begin, BeginRequest, CouplingMode, FinishError, Outcome, Retention, StoreError};
 
 mod gates;
 
@@ -189,19 +189,6 @@ impl Dialect for Lite {
     // The rows the upsert changed.
     async fn run_shadow(conn: &mut sqlx::SqliteConnection, statement: Bound) -> Result<i64, sqlx::Error> {
         Self::execute(conn, statement).await.map(|changed| i64::try_from(changed).unwrap_or(i64::MAX))
-    }
-
-    fn shadow_args(entry: &ShadowEntry, now: Option<i64>) -> Vec<Arg> {
-        let retention = entry.retention;
-        vec![
-            Arg::Bytes(entry.id.digest().to_vec()),
-            Arg::Small(i16::from(entry.fingerprint.version())),
-            Arg::Bytes(entry.fingerprint.digest().to_vec()),
-            Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
-            Arg::Bytes(StoredResponse::new(entry.status, "").encode_fields()),
-            Self::later_arg(now, retention.response),
-            Self::later_arg(now, retention.response.saturating_add(retention.tombstone)),
-        ]
     }
 
     /// A busy write lock means the write never ran.
