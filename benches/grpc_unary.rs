@@ -9,13 +9,14 @@
 //!   the stored answer and the COMMIT: the durable cost);
 //! - `pg replay`: the same store, every call a retry.
 //!
-//! Each scenario gets a warm-up, then `ROUNDS` windows of `WINDOW` with `CONCURRENCY` callers
-//! spread over `CONNECTIONS` HTTP/2 connections; the rounds take the scenarios in turn, so load
-//! from other work on a shared machine spreads over all of them. It prints throughput, p50 and
-//! p99 latency, and the ratio to `no layer`; and the CPU time this process (client and server)
-//! spent per call, with its ratio to `no layer`'s (calls per CPU second; on a machine that other
-//! work keeps busy it moves far less than throughput does). `GRPC_UNARY_ONLY=memory,passthrough`
-//! runs only the scenarios named (and `no layer`). Run with `cargo bench --bench grpc_unary --features grpc-example,postgres`
+//! Each scenario gets a warm-up, then `ROUNDS` windows of `WINDOW` (`GRPC_UNARY_ROUNDS=9` for
+//! more) with `CONCURRENCY` callers spread over `CONNECTIONS` HTTP/2 connections; the rounds take
+//! the scenarios in turn, so load from other work on a shared machine spreads over all of them.
+//! It prints throughput, p50 and p99 latency, and the ratio to `no layer`; and the CPU time this
+//! process (client and server) spent per call, with its ratio to `no layer`'s (calls per CPU
+//! second; on a machine that other work keeps busy it moves far less than throughput does).
+//! Then both ratios round by round, against `no layer` in the same round: their median and
+//! range. `GRPC_UNARY_ONLY=memory,passthrough` runs only the scenarios named (and `no layer`). Run with `cargo bench --bench grpc_unary --features grpc-example,postgres`
 //! (PostgreSQL must be running; `DATABASE_URL` overrides the server, default
 //! `postgres://postgres@127.0.0.1:5432/test`).
 
@@ -46,6 +47,7 @@ const CONCURRENCY: usize = 16;
 const CONNECTIONS: usize = 4;
 const WARM_UP: Duration = Duration::from_secs(1);
 const WINDOW: Duration = Duration::from_secs(2);
+/// Rounds, unless `GRPC_UNARY_ROUNDS` says otherwise.
 const ROUNDS: usize = 3;
 const METHOD: &str = "/conformance.v1.Things/Create";
 
@@ -121,17 +123,24 @@ struct Scenario {
     elapsed: Duration,
     /// CPU time of this process (client and server) in the measured windows.
     cpu: Duration,
+    /// Each measured window's throughput and CPU µs per call.
+    rounds: Vec<(f64, f64)>,
 }
 
 impl Scenario {
     async fn new(name: &'static str, addr: SocketAddr, key_of: fn(&'static str, u64) -> String) -> Self {
-        let mut channels = Vec::new();
-        for _ in 0..CONNECTIONS {
-            let channel = Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await;
-            channels.push(channel.expect("connect"));
-        }
+        let channels = connect(addr).await;
         let counter = Arc::new(AtomicU64::new(0));
-        Self { name, channels, key_of, counter, latencies: Vec::new(), elapsed: Duration::ZERO, cpu: Duration::ZERO }
+        Self {
+            name,
+            channels,
+            key_of,
+            counter,
+            latencies: Vec::new(),
+            elapsed: Duration::ZERO,
+            cpu: Duration::ZERO,
+            rounds: Vec::new(),
+        }
     }
 
     /// Calls for `window` with `CONCURRENCY` callers; keeps the latencies when `record`.
@@ -168,8 +177,11 @@ impl Scenario {
             all
         };
         if record {
-            self.elapsed += started.elapsed();
-            self.cpu += process_cpu().saturating_sub(cpu_before);
+            let (elapsed, cpu) = (started.elapsed(), process_cpu().saturating_sub(cpu_before));
+            let calls = latencies.len() as f64;
+            self.rounds.push((calls / elapsed.as_secs_f64(), cpu.as_secs_f64() * 1e6 / calls));
+            self.elapsed += elapsed;
+            self.cpu += cpu;
             self.latencies.extend(latencies);
         }
     }
@@ -189,14 +201,21 @@ impl Scenario {
     }
 }
 
-/// CPU time (user and system) this process has used so far, from `/proc` (zero where it cannot
-/// be read). On a shared machine it moves far less with other work than throughput does.
+/// `CONNECTIONS` HTTP/2 connections to `addr`.
+async fn connect(addr: SocketAddr) -> Vec<Channel> {
+    let mut channels = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let channel = Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await;
+        channels.push(channel.expect("connect"));
+    }
+    channels
+}
+
+/// CPU time (user and system) this process has used so far, from its CPU clock. On a shared
+/// machine it moves far less with other work than throughput does.
 fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name (which may hold spaces), closed by ')'.
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
-    Duration::from_secs(ticks(11) + ticks(12)) / 100
+    let time = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(time.tv_sec as u64, time.tv_nsec as u32)
 }
 
 /// A new key per call.
@@ -237,7 +256,8 @@ fn main() {
         for scenario in &mut scenarios {
             scenario.run(WARM_UP, false).await;
         }
-        for _ in 0..ROUNDS {
+        let rounds = std::env::var("GRPC_UNARY_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
+        for _ in 0..rounds {
             for scenario in &mut scenarios {
                 scenario.run(WINDOW, true).await;
             }
@@ -245,7 +265,7 @@ fn main() {
 
         println!(
             "\nunary gRPC call, {CONCURRENCY} concurrent callers on {CONNECTIONS} HTTP/2 connections, \
-             {ROUNDS} x {WINDOW:?} each"
+             {rounds} x {WINDOW:?} each"
         );
         println!(
             "{:<14} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>12}",
@@ -261,6 +281,19 @@ fn main() {
                 throughput / base,
                 base_cpu / cpu
             );
+        }
+        // The same ratios round by round (each scenario against `no layer` in the same round):
+        // the spread says how far one run's ratio can be trusted on this machine.
+        println!("\nper round, against `no layer` in the same round: median [lowest, highest]");
+        println!("{:<14} {:>26} {:>26}", "scenario", "calls/s", "calls per CPU-s");
+        for s in &scenarios[1..] {
+            let ratios = |f: fn((f64, f64), (f64, f64)) -> f64| {
+                let mut r: Vec<f64> = s.rounds.iter().zip(&scenarios[0].rounds).map(|(&a, &b)| f(a, b)).collect();
+                r.sort_by(f64::total_cmp);
+                format!("{:.2}x [{:.2}, {:.2}]", r[r.len() / 2], r[0], r[r.len() - 1])
+            };
+            let (throughput, cpu) = (ratios(|a, b| a.0 / b.0), ratios(|a, b| b.1 / a.1));
+            println!("{:<14} {throughput:>26} {cpu:>26}", s.name);
         }
         database.drop().await;
     });

@@ -5,6 +5,11 @@
 //! - `bare`: the handler alone;
 //! - `layer/new_key`: through the layer, a fresh key every time (claim, execute, store);
 //! - `layer/replay`: through the layer, the same key every time (answered from the store);
+//! - `floor`: only the work a new key cannot do without, with no layer around it: the
+//!   request's fingerprint (its 256-byte JSON body canonicalised, SHA-256), the record's
+//!   identity (a second SHA-256) and one map insert of the identity with the fingerprint and a
+//!   copy of the answer. `(layer/new_key - bare) / floor` is the layer's cost against the least
+//!   it could cost;
 //! - with the `metrics` feature, `layer/new_key/recorder` and `layer/replay/recorder`: the same,
 //!   with a Prometheus recorder (`metrics-exporter-prometheus`) installed, so every metric the
 //!   layer emits is recorded. `(recorder - layer) / (layer - bare)` is the metrics' share of the
@@ -21,7 +26,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
-use tower_idempotency::{IdempotencyLayer, MemoryStore};
+use tower_idempotency::fingerprint::{Fingerprint, FingerprintSpec, fingerprint};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, RecordId, Scope};
 
 /// A 256-byte JSON order.
 fn body() -> Bytes {
@@ -95,7 +101,38 @@ fn layer_cost(c: &mut Criterion) {
         assert!(handle.render().contains("idempotency_requests_total"), "the recorder saw the layer's metrics");
     }
     replays(&mut group, "layer/replay", &runtime, &guarded, &body);
+    group.bench_function("floor", |b| floor(b, &body, &counter));
     group.finish();
+}
+
+/// The work a new key cannot do without (see the module docs), on the same request; a fresh
+/// map every 50 000 keys, as `new_keys` gives the layer a fresh store.
+fn floor(b: &mut criterion::Bencher<'_>, body: &Bytes, counter: &AtomicU64) {
+    let (spec, scope) = (FingerprintSpec::new(), Scope::new("bench"));
+    let answer = Bytes::from_static(b"{\"order_id\":\"0f8fad5b-d9cb-469f-a165-70867728950e\",\"bytes\":256}");
+    b.iter_custom(|iters| {
+        let mut elapsed = std::time::Duration::ZERO;
+        let mut left = iters;
+        while left > 0 {
+            let chunk = left.min(50_000);
+            left -= chunk;
+            let mut records: std::collections::HashMap<RecordId, (Fingerprint, Bytes)> = Default::default();
+            let requests: Vec<_> = (0..chunk)
+                .map(|_| request(&format!("key-{}", counter.fetch_add(1, Ordering::Relaxed)), body))
+                .collect();
+            let started = std::time::Instant::now();
+            for request in requests {
+                let (parts, _) = request.into_parts();
+                let key = parts.headers["idempotency-key"].to_str().expect("key");
+                let id = RecordId::new(&scope, "POST /orders", &IdempotencyKey::new(key).expect("key"));
+                let print = fingerprint(&parts.method, &parts.uri, &parts.headers, body, &spec);
+                records.insert(id, (print, Bytes::copy_from_slice(&answer)));
+            }
+            elapsed += started.elapsed();
+            std::hint::black_box(records);
+        }
+        elapsed
+    })
 }
 
 /// Fresh keys through the layer, `between` run after each chunk, outside the timed part.

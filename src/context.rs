@@ -39,19 +39,27 @@ struct Inner {
 impl IdempotencyContext {
     /// A context for `id`, as the layer builds it (public so handlers can be unit-tested).
     pub fn new(id: RecordId, operation: impl Into<Arc<str>>, fencing_token: Option<u64>) -> Self {
-        Self::with_lease_signal(id, operation, fencing_token, None)
+        Self::with_lease_signal(id, operation, fencing_token, false)
     }
 
-    /// A context whose [`lease_lost`](Self::lease_lost) follows `signal`.
+    /// A context with a lease-lost signal when `leased` (an execution whose lease a heartbeat
+    /// renews), which [`raise_lease_lost`](Self::raise_lease_lost) raises.
     pub(crate) fn with_lease_signal(
         id: RecordId,
         operation: impl Into<Arc<str>>,
         fencing_token: Option<u64>,
-        signal: Option<LeaseLost>,
+        leased: bool,
     ) -> Self {
-        let inner =
-            Inner { id, operation: operation.into(), operation_id: OnceLock::new(), fencing_token, lease_lost: signal };
+        let lease_lost = leased.then(LeaseLost::default);
+        let inner = Inner { id, operation: operation.into(), operation_id: OnceLock::new(), fencing_token, lease_lost };
         Self { inner: Arc::new(inner) }
+    }
+
+    /// Raises the lease-lost signal (the heartbeat's side), if this context has one.
+    pub(crate) fn raise_lease_lost(&self) {
+        if let Some(signal) = &self.inner.lease_lost {
+            signal.raise();
+        }
     }
 
     /// Whether the layer's heartbeat found this execution's lease lost (taken over, or not

@@ -15,25 +15,26 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::context::IdempotencyContext;
 use crate::join::{Either, first};
-use crate::lease_lost::LeaseLost;
 use crate::store::{Claim, Renewal};
 
 /// The shortest interval between renewals, whatever the lease.
 const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
-/// The lease-lost signal of a leased claim with the heartbeat on, shared by the heartbeat and
-/// the handler's context. `None` for claims without a lease (atomic), or with the heartbeat off.
-pub(crate) fn signal<C: Claim>(claim: &C, enabled: bool) -> Option<LeaseLost> {
-    (enabled && claim.fencing_token().is_some()).then(LeaseLost::default)
+/// Whether `claim` gets a heartbeat: a leased claim with the heartbeat on. Not claims without
+/// a lease (atomic), nor any with the heartbeat off.
+pub(crate) fn beats<C: Claim>(claim: &C, enabled: bool) -> bool {
+    enabled && claim.fencing_token().is_some()
 }
 
 /// Runs `handler` to its end while renewing `claim`'s lease (of `lease`) beside it, and hands
-/// the claim back with the handler's output. Without a `lost` signal, only runs the handler.
+/// the claim back with the handler's output; a lost lease raises the signal of `lost`, the
+/// execution's context, which the handler shares. Without `lost`, only runs the handler.
 pub(crate) async fn beside<C: Claim, F: Future>(
     claim: C,
     lease: Duration,
-    lost: Option<LeaseLost>,
+    lost: Option<IdempotencyContext>,
     handler: F,
 ) -> (C, F::Output) {
     let Some(lost) = lost else {
@@ -76,9 +77,9 @@ pub(crate) async fn beside<C: Claim, F: Future>(
 }
 
 /// Raises the lease-lost signal, then waits for the handler to answer.
-async fn lose<F: Future>(lost: &LeaseLost, handler: std::pin::Pin<&mut F>) -> F::Output {
+async fn lose<F: Future>(lost: &IdempotencyContext, handler: std::pin::Pin<&mut F>) -> F::Output {
     tracing::warn!("idempotency: the lease of a running handler was lost; its outcome will not be stored");
-    lost.raise();
+    lost.raise_lease_lost();
     handler.await
 }
 
@@ -104,15 +105,22 @@ mod tests {
         RecordId::new(&Scope::new("t"), "op", &IdempotencyKey::new(key).unwrap())
     }
 
+    /// The context a leased execution of `id` gets, with its lease-lost signal.
+    fn context(id: &RecordId) -> IdempotencyContext {
+        IdempotencyContext::with_lease_signal(*id, "op", Some(1), true)
+    }
+
     #[tokio::test]
     async fn a_handler_outliving_its_lease_keeps_it_and_a_lost_one_is_signalled() {
         let store = MemoryStore::new();
         let lease = Duration::from_millis(200);
         let (alive, fp) = (id("alive"), Fingerprint::from_parts(1, [1; 32]));
         let claim = leased(&store, &alive, lease).await;
-        let lost = signal(&claim, true).expect("a leased claim has a heartbeat");
+        assert!(beats(&claim, true), "a leased claim has a heartbeat");
+        assert!(!beats(&claim, false), "unless the heartbeat is off");
+        let lost = context(&alive);
         let (claim, ()) = beside(claim, lease, Some(lost.clone()), tokio::time::sleep(lease * 3)).await;
-        assert!(!lost.is_raised(), "a live handler keeps its lease");
+        assert!(!lost.lease_lost(), "a live handler keeps its lease");
         // A duplicate still finds it in flight: the lease was extended past three lease lengths.
         assert!(matches!(store.begin(BeginRequest::new(&alive, &fp)).await.unwrap(), Begin::InFlight { .. }));
         drop(claim);
@@ -126,13 +134,13 @@ mod tests {
         // A record evicted under a running handler: the next beat raises the signal.
         let evicted = id("evicted");
         let claim = leased(&store, &evicted, lease).await;
-        let lost = signal(&claim, true).unwrap();
+        let lost = context(&evicted);
         let evict = async {
             tokio::time::sleep(lease / 2).await;
             crate::store::Admin::evict(&store, &evicted).await.unwrap();
             tokio::time::sleep(lease * 2).await;
         };
         let (_claim, ()) = beside(claim, lease, Some(lost.clone()), evict).await;
-        assert!(lost.is_raised(), "the heartbeat finds the lease lost");
+        assert!(lost.lease_lost(), "the heartbeat finds the lease lost");
     }
 }

@@ -2,20 +2,17 @@
 //! found gone (or could not be renewed before its lease ran out), read by the handler through
 //! [`IdempotencyContext`](crate::IdempotencyContext).
 //!
-//! A flag and a [`Notify`], shared by the two sides: made for every leased request, so it
-//! costs one small allocation and nothing when it is dropped unraised.
+//! A flag and a [`Notify`]. It lives in the execution's context, which the heartbeat and the
+//! handler share, so a leased request pays no allocation of its own for it, and nothing when
+//! it is dropped unraised.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 
-/// One execution's lease-lost signal; clones share it.
-#[derive(Clone, Default)]
-pub(crate) struct LeaseLost(Arc<Shared>);
-
+/// One execution's lease-lost signal.
 #[derive(Default)]
-struct Shared {
+pub(crate) struct LeaseLost {
     raised: AtomicBool,
     notify: Notify,
 }
@@ -23,19 +20,19 @@ struct Shared {
 impl LeaseLost {
     /// Raises the signal and wakes everyone waiting in [`raised`](Self::raised).
     pub(crate) fn raise(&self) {
-        self.0.raised.store(true, Ordering::Release);
-        self.0.notify.notify_waiters();
+        self.raised.store(true, Ordering::Release);
+        self.notify.notify_waiters();
     }
 
     /// Whether the signal has been raised.
     pub(crate) fn is_raised(&self) -> bool {
-        self.0.raised.load(Ordering::Acquire)
+        self.raised.load(Ordering::Acquire)
     }
 
     /// Resolves once the signal is raised; never, if it is not.
     pub(crate) async fn raised(&self) {
         loop {
-            let notified = self.0.notify.notified();
+            let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             // Registered before the flag is read, so a raise in between is not missed.
             notified.as_mut().enable();
@@ -49,13 +46,14 @@ impl LeaseLost {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::LeaseLost;
 
     #[tokio::test]
     async fn a_raise_wakes_a_waiter_and_an_unraised_signal_never_resolves() {
-        let signal = LeaseLost::default();
+        let signal = Arc::new(LeaseLost::default());
         let waiter = tokio::spawn({
             let signal = signal.clone();
             async move { signal.raised().await }

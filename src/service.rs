@@ -1,7 +1,10 @@
-//! [`IdempotencyService`]: the whole path of a guarded request, top to bottom, in
-//! [`guard`]. Each step is a call into the module that owns it; everything that depends on
-//! whether the request is HTTP or gRPC is a question to its [`Protocol`].
+//! [`IdempotencyService`]: the whole path of a guarded request, top to bottom: its mode is
+//! decided in `call_with` (no waiting needed), then the enforced path runs in [`enforce`] (the
+//! shadow and old paths in their own modules). Each step is a call into the module that owns
+//! it; everything that depends on whether the request is HTTP or gRPC is a question to its
+//! [`Protocol`].
 
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -130,6 +133,7 @@ impl<S, St> IdempotencyService<S, St> {
         let Some(protocol) = self.protocols.guard(&request, unnamed_grpc) else {
             return ResponseFuture::passthrough(self.inner.call(request));
         };
+        let timer = Timer::start();
         // The service that was made ready goes into the future; a fresh clone stays behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -142,22 +146,44 @@ impl<S, St> IdempotencyService<S, St> {
             replayed = tracing::field::Empty,
             fencing_token = tracing::field::Empty,
         );
-        let guarded = guard(inner, self.store.clone(), self.config.clone(), protocol, request, rebuild, span.clone());
-        ResponseFuture::guarded(Box::pin(guarded.instrument(span)))
+        // What decides the request's path needs no waiting: it is done here, so that only the
+        // path taken becomes a future (each path's future is allocated once per request, and
+        // its size is copied: none carries the others' states).
+        let (parts, body) = request.into_parts();
+        let operation = protocol.operation(&parts);
+        span.record("operation", &*operation);
+        let key = protocol.read_key(&parts.headers);
+        let scope = self.config.scope.scope(&parts);
+        let mode = self.config.rollout.mode_for(scope.as_ref());
+        span.record("mode", mode.as_str());
+        let metrics = self.config.telemetry.operation(&operation);
+        let (store, config) = (self.store.clone(), self.config.clone());
+        let guarded = Guarded { inner, store, config, protocol, operation, metrics, span: span.clone() };
+        ResponseFuture::guarded(match mode {
+            RolloutMode::Enforce => {
+                Box::pin(enforced(guarded, timer, parts, body, key, scope, rebuild).instrument(span))
+            }
+            RolloutMode::Shadow => Box::pin(shadow::shadow(guarded, parts, body, key, scope, rebuild).instrument(span)),
+            _ => Box::pin(old(guarded, parts, body, key, scope).instrument(span)),
+        })
     }
 }
 
-/// The guarded path of one request: its mode (from the rollout switch and the request's
-/// scope), then the enforced path, the shadow path or the old path.
-async fn guard<S, St, ReqBody, ResBody>(
-    inner: S,
-    store: St,
-    config: Arc<Config>,
-    protocol: Protocol,
-    request: Request<ReqBody>,
+/// The enforced path of one request, and what it counts and records of it.
+///
+/// A plain function around an `async move` block, not an `async fn`: the block keeps what it
+/// captures in one place, where an `async fn` would keep a second copy of each argument it
+/// binds `mut` (the request head among them) for the whole of the request.
+#[allow(clippy::manual_async_fn, reason = "an async fn would double the future's request head")]
+fn enforced<S, St, ReqBody, ResBody>(
+    mut guarded: Guarded<S, St>,
+    mut timer: Timer,
+    mut parts: http::request::Parts,
+    body: ReqBody,
+    key: Result<Option<IdempotencyKey>, Problem>,
+    scope: Option<Scope>,
     rebuild: fn(Bytes) -> ReqBody,
-    span: tracing::Span,
-) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
+) -> impl Future<Output = Result<Response<IdempotencyBody<ResBody>>, S::Error>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     St: Store,
@@ -166,43 +192,50 @@ where
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Into<BoxError>,
 {
-    let mut timer = Timer::start();
-    let (parts, body) = request.into_parts();
-    let operation = protocol.operation(&parts);
-    span.record("operation", &*operation);
-    let key = protocol.read_key(&parts.headers);
-    let scope = config.scope.scope(&parts);
-    let mode = config.rollout.mode_for(scope.as_ref());
-    span.record("mode", mode.as_str());
-    let metrics = config.telemetry.operation(&operation);
-    let mut guarded = Guarded { inner, store, config, protocol, operation, metrics, span: span.clone() };
-    match mode {
-        RolloutMode::Enforce => {
-            let (answer, result) = enforce(&mut guarded, &mut timer, parts, body, key, scope, rebuild).await;
-            if let Some(result) = result {
-                guarded.metrics.request(result);
-                guarded.metrics.overhead(timer.overhead());
-                span.record("result", result.as_str());
-                span.record("replayed", result == RequestResult::Replayed);
-            }
-            answer
+    async move {
+        let (answer, result) = enforce(&mut guarded, &mut timer, &mut parts, body, key, scope, rebuild).await;
+        if let Some(result) = result {
+            guarded.metrics.request(result);
+            guarded.metrics.overhead(timer.overhead());
+            guarded.span.record("result", result.as_str());
+            guarded.span.record("replayed", result == RequestResult::Replayed);
         }
-        // The shadow and old paths are boxed, so that their states do not widen the enforced
-        // path's future, which every enforced request allocates and moves.
-        RolloutMode::Shadow => Box::pin(shadow::shadow(guarded, parts, body, key, scope, rebuild)).await,
-        _ => {
-            let context = match (key, scope) {
-                (Ok(Some(key)), Some(scope)) => {
-                    let id = RecordId::new(&scope, &guarded.operation, &key);
-                    Some(IdempotencyContext::new(id, guarded.operation.clone(), None))
-                }
-                _ => None,
-            };
-            Box::pin(old_path::old_path(&mut guarded, Request::from_parts(parts, body), context))
-                .await
-                .map(|(answer, ..)| answer)
-        }
+        answer
     }
+}
+
+/// The old path of one request (rollout `off`, or outside the enforced cohort), with the
+/// context a handler reads when the request has a key and a scope.
+async fn old<S, St, ReqBody, ResBody>(
+    mut guarded: Guarded<S, St>,
+    parts: http::request::Parts,
+    body: ReqBody,
+    key: Result<Option<IdempotencyKey>, Problem>,
+    scope: Option<Scope>,
+) -> Result<Response<IdempotencyBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store,
+    ReqBody: Body,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let context = match (key, scope) {
+        (Ok(Some(key)), Some(scope)) => {
+            let id = RecordId::new(&scope, &guarded.operation, &key);
+            Some(IdempotencyContext::new(id, guarded.operation.clone(), None))
+        }
+        _ => None,
+    };
+    old_path::old_path(&mut guarded, Request::from_parts(parts, body), context).await.map(|(answer, ..)| answer)
+}
+
+/// Takes the request head out of `parts` (which keeps an empty one): the handler's request is
+/// built from it, while the path's future keeps one place for the head, not two.
+fn take_parts(parts: &mut http::request::Parts) -> http::request::Parts {
+    let (mut taken, ()) = Request::new(()).into_parts();
+    std::mem::swap(&mut taken, parts);
+    taken
 }
 
 /// The answer of the enforced path, and what became of the request (`None`: it passed through
@@ -213,7 +246,7 @@ type Enforced<B, E> = (Result<Response<IdempotencyBody<B>>, E>, Option<RequestRe
 async fn enforce<S, St, ReqBody, ResBody>(
     guarded: &mut Guarded<S, St>,
     timer: &mut Timer,
-    mut parts: http::request::Parts,
+    parts: &mut http::request::Parts,
     body: ReqBody,
     key: Result<Option<IdempotencyKey>, Problem>,
     scope: Option<Scope>,
@@ -237,7 +270,7 @@ where
     let key = match key {
         Ok(Some(key)) => key,
         Ok(None) if !config.key_required => {
-            let response = inner.call(Request::from_parts(parts, body)).await;
+            let response = inner.call(Request::from_parts(take_parts(parts), body)).await;
             return (response.map(|response| response.map(IdempotencyBody::inner)), None);
         }
         Ok(None) => return refuse(protocol.key_missing()),
@@ -265,35 +298,39 @@ where
         .stale_lease(config.stale_lease)
         .retention(config.retention);
     let began = timer.now();
-    let begun = store.begin(begin).await;
-    metrics.store(StoreStep::Begin, Timer::since(began));
-    let claim = match begun {
-        Ok(Begin::Claimed(claim)) => claim,
-        Ok(Begin::Existing(record)) => {
-            let same = same_request(&record.fingerprint, &fingerprint, |version| {
-                fingerprint::fingerprint_with_version(
-                    version,
-                    &parts.method,
-                    &parts.uri,
-                    &parts.headers,
-                    &body,
-                    &config.fingerprint,
-                )
-            });
-            let (response, result) = answer_existing(config, protocol, &id, same, record);
-            return (Ok(response), Some(result));
+    // In a block of its own, so that what the claim leaves of `begun` is dropped here and takes
+    // no room in the future while the handler runs.
+    let claim = {
+        let begun = store.begin(begin).await;
+        metrics.store(StoreStep::Begin, Timer::since(began));
+        match begun {
+            Ok(Begin::Claimed(claim)) => claim,
+            Ok(Begin::Existing(record)) => {
+                let same = same_request(&record.fingerprint, &fingerprint, |version| {
+                    fingerprint::fingerprint_with_version(
+                        version,
+                        &parts.method,
+                        &parts.uri,
+                        &parts.headers,
+                        &body,
+                        &config.fingerprint,
+                    )
+                });
+                let (response, result) = answer_existing(config, protocol, &id, same, record);
+                return (Ok(response), Some(result));
+            }
+            Ok(Begin::InFlight { retry_after }) => {
+                tracing::debug!(record = %id, "idempotency: duplicate still in flight after the bounded wait");
+                return refuse(
+                    Problem::new(
+                        ProblemCode::RequestInFlight,
+                        "a request with this key is still being processed; retry later",
+                    )
+                    .retry_after(retry_after.max(config.retry_after)),
+                );
+            }
+            Err(error) => return refuse(store_unavailable(config, &id, &error)),
         }
-        Ok(Begin::InFlight { retry_after }) => {
-            tracing::debug!(record = %id, "idempotency: duplicate still in flight after the bounded wait");
-            return refuse(
-                Problem::new(
-                    ProblemCode::RequestInFlight,
-                    "a request with this key is still being processed; retry later",
-                )
-                .retry_after(retry_after.max(config.retry_after)),
-            );
-        }
-        Err(error) => return refuse(store_unavailable(config, &id, &error)),
     };
 
     // 4. Run the handler with the context and the claim's handle, renewing a leased claim's
@@ -302,30 +339,28 @@ where
     if let Some(token) = fencing_token {
         span.record("fencing_token", token);
     }
-    let lease_lost = heartbeat::signal(&claim, config.heartbeat);
-    parts.extensions.insert(IdempotencyContext::with_lease_signal(
-        id,
-        operation.clone(),
-        fencing_token,
-        lease_lost.clone(),
-    ));
+    let beats = heartbeat::beats(&claim, config.heartbeat);
+    let context = IdempotencyContext::with_lease_signal(id, operation.clone(), fencing_token, beats);
+    // The heartbeat raises the handler's lease-lost signal through the context they share.
+    let lease_lost = beats.then(|| context.clone());
+    parts.extensions.insert(context);
     if let Some(handle) = claim.handle() {
         parts.extensions.insert(handle);
     }
     let called = timer.now();
-    let handler = inner.call(Request::from_parts(parts, rebuild(body)));
+    // Pinned here and lent to the heartbeat: the handler's future has one place in this one.
+    let handler = std::pin::pin!(inner.call(Request::from_parts(take_parts(parts), rebuild(body))));
     let (claim, response) = heartbeat::beside(claim, config.lease, lease_lost, handler).await;
     timer.inner_took(Timer::since(called));
     drop(reservation);
-    let response = match response {
-        Ok(response) => response,
+    let (response_parts, response_body) = match response {
+        Ok(response) => response.into_parts(),
         // The claim is dropped unfinished: rolled back, or left to the stale-lease policy.
         Err(error) => return (Err(error), Some(RequestResult::Released)),
     };
 
     // 5. Classify the response (from its head, or else from its trailers once it is read),
     //    store it with the claim, and answer only once it is settled.
-    let (response_parts, response_body) = response.into_parts();
     let classified = protocol.classify(&response_parts);
     if let Classified::Ready(OutcomeClass::Release) = classified {
         release(claim, &id, metrics, timer).await;
