@@ -18,13 +18,14 @@
 //! the store's map growing (an occasional rehash), never with the machine's load. Run with
 //! `cargo bench --bench allocations --features grpc-example`.
 
-use std::convert::Infallible;
+#[path = "support/json_order.rs"]
+mod json_order;
+
 use std::future::Future;
 use std::net::SocketAddr;
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::StatusCode;
+use http_body_util::BodyExt;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Server};
 use tower::{Layer, ServiceExt};
@@ -76,53 +77,22 @@ where
     }
 }
 
-/// The 256-byte JSON order of `benches/layer.rs`.
-fn json_body() -> Bytes {
-    let mut json =
-        String::from("{\"sku\":\"SKU-000123\",\"quantity\":2,\"amount_minor\":129900,\"currency\":\"EUR\",\"note\":\"");
-    while json.len() < 254 {
-        json.push('x');
-    }
-    json.push_str("\"}");
-    Bytes::from(json)
-}
-
-fn http_request(key: &str, body: &Bytes) -> Request<Full<Bytes>> {
-    Request::post("/orders")
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .header("content-length", body.len())
-        .body(Full::new(body.clone()))
-        .expect("request")
-}
-
-async fn http_handler(request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let body = request.into_body().collect().await?.to_bytes();
-    let json = format!("{{\"order_id\":\"0f8fad5b-d9cb-469f-a165-70867728950e\",\"bytes\":{}}}", body.len());
-    Ok(Response::builder()
-        .status(StatusCode::CREATED)
-        .header("content-type", "application/json")
-        .header("location", "/orders/0f8fad5b-d9cb-469f-a165-70867728950e")
-        .body(Full::new(Bytes::from(json)))
-        .expect("response"))
-}
-
 /// The HTTP scenarios. The request is built before the count starts only in the sense that
 /// every scenario builds it the same way; its allocations are in every count alike.
 async fn http_counts() -> Vec<Count> {
-    let body = json_body();
+    let body = json_order::body();
     let guarded =
-        IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(http_handler));
+        IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(json_order::handler));
     let bare = count("http bare", |n| {
-        let request = http_request(&format!("key-{n}"), &body);
+        let request = json_order::request(&format!("key-{n}"), &body);
         async move {
-            let response = tower::service_fn(http_handler).oneshot(request).await.expect("bare");
+            let response = tower::service_fn(json_order::handler).oneshot(request).await.expect("bare");
             response.into_body().collect().await.expect("body");
         }
     })
     .await;
     let new_key = count("http new key", |n| {
-        let (guarded, request) = (guarded.clone(), http_request(&format!("key-{n}"), &body));
+        let (guarded, request) = (guarded.clone(), json_order::request(&format!("key-{n}"), &body));
         async move {
             let response = guarded.oneshot(request).await.expect("layer");
             assert_eq!(response.status(), StatusCode::CREATED);
@@ -132,7 +102,7 @@ async fn http_counts() -> Vec<Count> {
     .await;
     let replay = count("http replay", |n| {
         // Keys of the new-key scenario's warm-up: every call replays one.
-        let (guarded, request) = (guarded.clone(), http_request(&format!("key-{}", n % WARM_UP), &body));
+        let (guarded, request) = (guarded.clone(), json_order::request(&format!("key-{}", n % WARM_UP), &body));
         async move {
             let response = guarded.oneshot(request).await.expect("layer");
             assert_eq!(response.headers()["idempotent-replayed"], "true");

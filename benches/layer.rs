@@ -18,48 +18,19 @@
 //! Run with `cargo bench --bench layer` (and `--features metrics` for the recorder's cost);
 //! the ratios are what matters on a shared machine.
 
-use std::convert::Infallible;
+#[path = "support/json_order.rs"]
+mod json_order;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use json_order::{body, handler, request};
 use tower::{Layer, ServiceExt};
 use tower_idempotency::fingerprint::{Fingerprint, FingerprintSpec, fingerprint};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, RecordId, Scope};
-
-/// A 256-byte JSON order.
-fn body() -> Bytes {
-    let mut json =
-        String::from("{\"sku\":\"SKU-000123\",\"quantity\":2,\"amount_minor\":129900,\"currency\":\"EUR\",\"note\":\"");
-    while json.len() < 254 {
-        json.push('x');
-    }
-    json.push_str("\"}");
-    assert_eq!(json.len(), 256);
-    Bytes::from(json)
-}
-
-fn request(key: &str, body: &Bytes) -> Request<Full<Bytes>> {
-    Request::post("/orders")
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .header("content-length", body.len())
-        .body(Full::new(body.clone()))
-        .expect("request")
-}
-
-async fn handler(request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let body = request.into_body().collect().await?.to_bytes();
-    let json = format!("{{\"order_id\":\"0f8fad5b-d9cb-469f-a165-70867728950e\",\"bytes\":{}}}", body.len());
-    Ok(Response::builder()
-        .status(StatusCode::CREATED)
-        .header("content-type", "application/json")
-        .header("location", "/orders/0f8fad5b-d9cb-469f-a165-70867728950e")
-        .body(Full::new(Bytes::from(json)))
-        .expect("response"))
-}
 
 async fn drain<B: http_body::Body>(response: Response<B>) -> usize
 where

@@ -25,6 +25,9 @@
 //!
 //! Run with `cargo bench --bench peer --features axum,redis` (`redis-server` must be installed).
 
+#[path = "support/json_order.rs"]
+mod json_order;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,17 +58,6 @@ const SESSIONS: usize = 256;
 const STORM: usize = 64;
 const STORM_WORK: Duration = Duration::from_millis(50);
 const TOKEN: &str = "Bearer tok_live_4eC39HqLyjWDarjtT1zdp7dc";
-
-/// A 256-byte JSON order (the `layer` benchmark's).
-fn body() -> Bytes {
-    let mut json =
-        String::from("{\"sku\":\"SKU-000123\",\"quantity\":2,\"amount_minor\":129900,\"currency\":\"EUR\",\"note\":\"");
-    while json.len() < 254 {
-        json.push('x');
-    }
-    json.push_str("\"}");
-    Bytes::from(json)
-}
 
 /// What the handler counts, and how long it works.
 #[derive(Clone)]
@@ -344,7 +336,7 @@ fn main() {
     // round trips, which the callers overlap), free of cross-thread wake-ups.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
-        let body = body();
+        let body = json_order::body();
         let kinds = [Kind::NoLayer, Kind::Peer, Kind::Memory, Kind::FastPath];
         let counter = Arc::new(AtomicU64::new(0));
         let mut results: Vec<Vec<(f64, f64)>> = vec![Vec::new(); kinds.len()];
