@@ -16,7 +16,8 @@
 //! process (client and server) spent per call, with its ratio to `no layer`'s (calls per CPU
 //! second; on a machine that other work keeps busy it moves far less than throughput does).
 //! Then both ratios round by round, against `no layer` in the same round: their median and
-//! range. `GRPC_UNARY_ONLY=memory,passthrough` runs only the scenarios named (and `no layer`). Run with `cargo bench --bench grpc_unary --features grpc-example,postgres`
+//! range. `GRPC_UNARY_ONLY=memory,passthrough` runs only the scenarios named (and `no layer`);
+//! `GRPC_UNARY_WORKERS=1` runs client and server on one worker thread. Run with `cargo bench --bench grpc_unary --features grpc-example,postgres`
 //! (PostgreSQL must be running; `DATABASE_URL` overrides the server, default
 //! `postgres://postgres@127.0.0.1:5432/test`).
 
@@ -229,7 +230,13 @@ fn retry(name: &'static str, n: u64) -> String {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    // `GRPC_UNARY_WORKERS=1` puts client and server on one worker thread: the layer's cost
+    // without what threads add to it (wake-ups, the allocator's arenas). Default: one per CPU.
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = std::env::var("GRPC_UNARY_WORKERS").ok().and_then(|w| w.parse().ok()) {
+        builder.worker_threads(workers);
+    }
+    let runtime = builder.enable_all().build().expect("runtime");
     runtime.block_on(async {
         let bare = serve_bare().await;
         let passthrough = serve_with(MemoryStore::new(), "/conformance.v1.Things/Unguarded").await;
