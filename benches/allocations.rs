@@ -18,6 +18,8 @@
 //! the store's map growing (an occasional rehash), never with the machine's load. Run with
 //! `cargo bench --bench allocations --features grpc-example`.
 
+#[path = "support/echo_things.rs"]
+mod echo_things;
 #[path = "support/json_order.rs"]
 mod json_order;
 
@@ -29,18 +31,15 @@ use http_body_util::BodyExt;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Server};
 use tower::{Layer, ServiceExt};
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
-mod proto {
-    tonic::include_proto!("conformance.v1");
-}
-
-use proto::things_client::ThingsClient;
-use proto::things_server::{Things, ThingsServer};
-use proto::{CreateThing, Thing};
+use echo_things::proto::CreateThing;
+use echo_things::proto::things_client::ThingsClient;
+use echo_things::proto::things_server::ThingsServer;
+use echo_things::{Echo, authenticate};
 
 /// Requests counted per scenario.
 const CALLS: u64 = 2_000;
@@ -111,39 +110,6 @@ async fn http_counts() -> Vec<Count> {
     })
     .await;
     vec![bare, new_key, replay]
-}
-
-/// The gRPC handler of `benches/grpc_unary.rs`: no work.
-struct Echo;
-
-#[tonic::async_trait]
-impl Things for Echo {
-    async fn create(&self, request: tonic::Request<CreateThing>) -> Result<tonic::Response<Thing>, tonic::Status> {
-        let message = request.into_inner();
-        Ok(tonic::Response::new(Thing {
-            name: message.name,
-            amount: message.amount,
-            execution: 1,
-            operation_id: String::new(),
-        }))
-    }
-    async fn reject(&self, _: tonic::Request<CreateThing>) -> Result<tonic::Response<Thing>, tonic::Status> {
-        Err(tonic::Status::unimplemented("bench"))
-    }
-    async fn fail(&self, _: tonic::Request<CreateThing>) -> Result<tonic::Response<Thing>, tonic::Status> {
-        Err(tonic::Status::unimplemented("bench"))
-    }
-    async fn slow(&self, _: tonic::Request<CreateThing>) -> Result<tonic::Response<Thing>, tonic::Status> {
-        Err(tonic::Status::unimplemented("bench"))
-    }
-    async fn unguarded(&self, _: tonic::Request<CreateThing>) -> Result<tonic::Response<Thing>, tonic::Status> {
-        Err(tonic::Status::unimplemented("bench"))
-    }
-}
-
-fn authenticate(mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-    request.extensions_mut().insert(Scope::new("bench"));
-    Ok(request)
 }
 
 /// A tonic server on loopback: without the layer (`guarded: None`), or with it guarding the

@@ -23,24 +23,23 @@
 
 #[path = "support/bench_db.rs"]
 mod bench_db;
+#[path = "support/echo_things.rs"]
+mod echo_things;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tonic::Request;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Server};
-use tonic::{Request, Response, Status};
-use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore, Scope, Store};
+use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore, Store};
 
-mod proto {
-    tonic::include_proto!("conformance.v1");
-}
-
-use proto::things_client::ThingsClient;
-use proto::things_server::{Things, ThingsServer};
-use proto::{CreateThing, Thing};
+use echo_things::proto::CreateThing;
+use echo_things::proto::things_client::ThingsClient;
+use echo_things::proto::things_server::ThingsServer;
+use echo_things::{Echo, authenticate};
 
 use bench_db::BenchDatabase;
 
@@ -51,39 +50,6 @@ const WINDOW: Duration = Duration::from_secs(2);
 /// Rounds, unless `GRPC_UNARY_ROUNDS` says otherwise.
 const ROUNDS: usize = 3;
 const METHOD: &str = "/conformance.v1.Things/Create";
-
-/// A handler that does no work: the call's cost is the transport's and the layer's.
-struct Echo;
-
-#[tonic::async_trait]
-impl Things for Echo {
-    async fn create(&self, request: Request<CreateThing>) -> Result<Response<Thing>, Status> {
-        let message = request.into_inner();
-        Ok(Response::new(Thing {
-            name: message.name,
-            amount: message.amount,
-            execution: 1,
-            operation_id: String::new(),
-        }))
-    }
-    async fn reject(&self, _: Request<CreateThing>) -> Result<Response<Thing>, Status> {
-        Err(Status::unimplemented("bench"))
-    }
-    async fn fail(&self, _: Request<CreateThing>) -> Result<Response<Thing>, Status> {
-        Err(Status::unimplemented("bench"))
-    }
-    async fn slow(&self, _: Request<CreateThing>) -> Result<Response<Thing>, Status> {
-        Err(Status::unimplemented("bench"))
-    }
-    async fn unguarded(&self, _: Request<CreateThing>) -> Result<Response<Thing>, Status> {
-        Err(Status::unimplemented("bench"))
-    }
-}
-
-fn authenticate(mut request: Request<()>) -> Result<Request<()>, Status> {
-    request.extensions_mut().insert(Scope::new("bench"));
-    Ok(request)
-}
 
 async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
