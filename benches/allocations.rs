@@ -33,13 +33,13 @@ use tonic::transport::{Channel, Server};
 use tower::{Layer, ServiceExt};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
-#[global_allocator]
-static ALLOC: dhat::Alloc = dhat::Alloc;
-
 use echo_things::proto::CreateThing;
 use echo_things::proto::things_client::ThingsClient;
 use echo_things::proto::things_server::ThingsServer;
 use echo_things::{Echo, authenticate};
+
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
 
 /// Requests counted per scenario.
 const CALLS: u64 = 2_000;
