@@ -1,23 +1,22 @@
 //! Shadow mode's added latency against `off`, on SQLite and on PostgreSQL, in one run, and
-//! against the floor: `off` with the one write shadow mode cannot do without.
+//! against what recording every request in its own transaction would cost.
 //!
 //! The route is an atomic handler: it takes the `TxHandle` and inserts an order through it.
 //! Three set-ups, each with a fresh key per request:
 //!
 //! - `off`: the layer in `Off`: the handler gets the store's plain transaction.
-//! - `shadow`: the layer in `Shadow`: it also buffers the body, computes the fingerprint, and
-//!   upserts the shadow record in the handler's transaction, in the COMMIT's round trip.
-//! - `floor`: the layer in `Off`, and the handler itself inserts a row like a shadow record
+//! - `shadow`: the layer in `Shadow`: it also buffers the body and computes the fingerprint,
+//!   and once the answer has been produced queues the request for the layer's shadow log, whose
+//!   writer records the queued requests every 100 ms (`ROLLOUT_SHADOW_MS` sets another
+//!   interval) with one statement, beside the requests.
+//! - `in-commit`: the layer in `Off`, and the handler itself inserts a row like a shadow record
 //!   (the same table, with its indexes; a random 32-byte id) after its order, in the same
-//!   transaction: what recording every request costs the database, with nothing of the layer.
-//! - `deferred`: the layer in `Off`, and once the answer has been produced (the order
-//!   committed), a task of its own writes the same row in a transaction of its own, off the
-//!   request's path: what moving the write after the response would cost the next requests.
+//!   transaction: what writing the record on the request's path would cost it (the design the
+//!   log replaced).
 //!
 //! One client sends requests one after another through the router (no sockets). Each round
-//! measures the four for `WINDOW` each, in rotated order; it prints the mean latency of each
-//! and the per-round ratios `shadow / off`, `shadow / floor` and `deferred / off` (median and
-//! range). Run with
+//! measures the three for `WINDOW` each, in rotated order; it prints the mean latency of each
+//! and the per-round ratios `shadow / off` and `in-commit / off` (median and range). Run with
 //! `cargo bench --all-features --bench rollout` (PostgreSQL must be running; `DATABASE_URL`
 //! overrides the server). `ROLLOUT_ROUNDS` sets the rounds (default 5).
 
@@ -29,7 +28,6 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -99,33 +97,16 @@ async fn record_row_pg<'e>(conn: impl sqlx::PgExecutor<'e>) -> Result<(), sqlx::
     .map(drop)
 }
 
-/// The floor on SQLite: the order, and a row like a shadow record, in one transaction.
-async fn floor_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
+/// `in-commit` on SQLite: the order, and a row like a shadow record, in one transaction.
+async fn in_commit_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
     let mut conn = tx.acquire().await.expect("open");
     sqlx::query("INSERT INTO orders (body) VALUES (?1)").bind(body).execute(&mut *conn).await.expect("insert");
     record_row_sqlite(&mut *conn).await.expect("record");
     StatusCode::CREATED
 }
 
-/// After the answer has been produced (the order committed), a task of its own writes a row
-/// like a shadow record on SQLite, in a transaction of its own: the deferred write. A write
-/// still pending when the run closes its pool is dropped with it.
-async fn defer_sqlite(
-    State(pool): State<sqlx::SqlitePool>,
-    response: axum::response::Response,
-) -> axum::response::Response {
-    tokio::spawn(async move { drop(record_row_sqlite(&pool).await) });
-    response
-}
-
-/// The deferred write on PostgreSQL (see [`defer_sqlite`]).
-async fn defer_pg(State(pool): State<sqlx::PgPool>, response: axum::response::Response) -> axum::response::Response {
-    tokio::spawn(async move { drop(record_row_pg(&pool).await) });
-    response
-}
-
-/// The floor on PostgreSQL: the order, and a row like a shadow record, in one transaction.
-async fn floor_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode {
+/// `in-commit` on PostgreSQL: the order, and a row like a shadow record, in one transaction.
+async fn in_commit_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode {
     let mut conn = tx.acquire().await.expect("open");
     sqlx::query("INSERT INTO orders (body) VALUES ($1)").bind(body).execute(&mut *conn).await.expect("insert");
     record_row_pg(&mut *conn).await.expect("record");
@@ -152,26 +133,25 @@ async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> (u64, Dura
     (count, started.elapsed())
 }
 
-/// `off`, `shadow` and `floor` in rotated order, `rounds` times; prints the result.
-async fn compare(name: &str, apps: [Router; 4], rounds: usize) {
+/// `off`, `shadow` and `in-commit` in rotated order, `rounds` times; prints the result.
+async fn compare(name: &str, apps: [Router; 3], rounds: usize) {
     let keys = AtomicU64::new(0);
     for app in &apps {
         measure(app, &keys, WARM_UP).await;
     }
-    let mut totals = [(0u64, Duration::ZERO); 4];
-    let (mut over_off, mut over_floor, mut deferred_off) = (Vec::new(), Vec::new(), Vec::new());
+    let mut totals = [(0u64, Duration::ZERO); 3];
+    let (mut shadow_off, mut in_commit_off) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        let mut means = [0.0f64; 4];
-        for step in 0..4 {
-            let index = (step + round) % 4;
+        let mut means = [0.0f64; 3];
+        for step in 0..3 {
+            let index = (step + round) % 3;
             let (count, took) = measure(&apps[index], &keys, WINDOW).await;
             means[index] = took.as_secs_f64() / count as f64;
             totals[index].0 += count;
             totals[index].1 += took;
         }
-        over_off.push(means[1] / means[0]);
-        over_floor.push(means[1] / means[2]);
-        deferred_off.push(means[3] / means[0]);
+        shadow_off.push(means[1] / means[0]);
+        in_commit_off.push(means[2] / means[0]);
     }
     let summary = |ratios: &mut Vec<f64>| {
         ratios.sort_by(f64::total_cmp);
@@ -179,23 +159,25 @@ async fn compare(name: &str, apps: [Router; 4], rounds: usize) {
     };
     let mean = |(count, took): (u64, Duration)| took.as_secs_f64() * 1e6 / count as f64;
     println!(
-        "{name}: off {:.1} µs/request, shadow {:.1} µs/request, floor {:.1} µs/request, deferred {:.1} µs/request; \
-         per round, shadow/off {}, shadow/floor {}, deferred/off {} ({rounds} rounds)",
+        "{name}: off {:.1} µs/request, shadow {:.1} µs/request, in-commit {:.1} µs/request; \
+         per round, shadow/off {}, in-commit/off {} ({rounds} rounds)",
         mean(totals[0]),
         mean(totals[1]),
         mean(totals[2]),
-        mean(totals[3]),
-        summary(&mut over_off),
-        summary(&mut over_floor),
-        summary(&mut deferred_off),
+        summary(&mut shadow_off),
+        summary(&mut in_commit_off),
     );
 }
 
 fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> IdempotencyLayer<St> {
-    IdempotencyLayer::new(store)
+    let layer = IdempotencyLayer::new(store)
         .operation("orders.create")
         .scope_with(|parts| parts.headers.get("x-tenant")?.to_str().ok().map(tower_idempotency::Scope::new))
-        .rollout(RolloutSwitch::new(mode))
+        .rollout(RolloutSwitch::new(mode));
+    match std::env::var("ROLLOUT_SHADOW_MS").ok().and_then(|ms| ms.parse().ok()) {
+        Some(ms) => layer.shadow_log(Duration::from_millis(ms), 16_384),
+        None => layer,
+    }
 }
 
 fn main() {
@@ -220,13 +202,7 @@ fn main() {
         let apps = [
             Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Off))),
             Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Shadow))),
-            Router::new().route("/orders", post(floor_sqlite).layer(layer(store.clone(), RolloutMode::Off))),
-            Router::new().route(
-                "/orders",
-                post(create_sqlite)
-                    .layer(layer(store, RolloutMode::Off))
-                    .layer(axum::middleware::map_response_with_state(pool.clone(), defer_sqlite)),
-            ),
+            Router::new().route("/orders", post(in_commit_sqlite).layer(layer(store, RolloutMode::Off))),
         ];
         compare("sqlite", apps, rounds).await;
         pool.close().await;
@@ -244,13 +220,7 @@ fn main() {
         let apps = [
             Router::new().route("/orders", post(create_pg).layer(layer(store.clone(), RolloutMode::Off))),
             Router::new().route("/orders", post(create_pg).layer(layer(store.clone(), RolloutMode::Shadow))),
-            Router::new().route("/orders", post(floor_pg).layer(layer(store.clone(), RolloutMode::Off))),
-            Router::new().route(
-                "/orders",
-                post(create_pg)
-                    .layer(layer(store, RolloutMode::Off))
-                    .layer(axum::middleware::map_response_with_state(db.pool.clone(), defer_pg)),
-            ),
+            Router::new().route("/orders", post(in_commit_pg).layer(layer(store, RolloutMode::Off))),
         ];
         compare("postgres", apps, rounds).await;
         db.drop().await;

@@ -15,6 +15,7 @@ use crate::protocol::Protocols;
 use crate::protocol::grpc::{GrpcClassifier, GrpcRules};
 use crate::protocol::http::HttpRules;
 use crate::rollout::RolloutSwitch;
+use crate::shadow_log::{self, ShadowLog};
 use crate::store::{Retention, StaleLeasePolicy};
 use crate::telemetry::Telemetry;
 
@@ -68,6 +69,8 @@ pub(crate) struct Config {
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) problem_type_base: Arc<str>,
     pub(crate) rollout: RolloutSwitch,
+    /// Shadow mode's log, shared by the layer's clones and services.
+    pub(crate) shadow_log: ShadowLog,
     /// The layer's metric handles, shared by its clones.
     pub(crate) telemetry: Arc<Telemetry>,
     /// The gRPC method paths guarded (`/package.Service/Method`); other gRPC calls pass through.
@@ -102,6 +105,7 @@ impl Default for Config {
             stored_headers: Vec::new(),
             problem_type_base: Arc::from("urn:tower-idempotency:problem:"),
             rollout: RolloutSwitch::default(),
+            shadow_log: ShadowLog::new(shadow_log::DEFAULT_INTERVAL, shadow_log::DEFAULT_CAPACITY),
             telemetry: Arc::default(),
             #[cfg(feature = "tonic")]
             grpc_methods: Vec::new(),

@@ -214,6 +214,26 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// How shadow mode records its requests (see [`rollout`](crate::rollout)): once their
+    /// answers have been produced, they wait in a queue of at most `capacity` (default 16,384)
+    /// while a writer task gathers them for `interval` (default 100 ms), then records them all
+    /// with one call of the store. A request that finds the queue full is not recorded (it
+    /// counts as `store_unavailable` in `idempotency_shadow_total`); a longer interval makes
+    /// fewer, larger writes, and counts later what enforce mode would have done.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore, RolloutMode, RolloutSwitch};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .rollout(RolloutSwitch::new(RolloutMode::Shadow))
+    ///     .shadow_log(Duration::from_millis(50), 65_536);
+    /// ```
+    pub fn shadow_log(mut self, interval: Duration, capacity: usize) -> Self {
+        self.config.shadow_log = crate::shadow_log::ShadowLog::new(interval, capacity);
+        self
+    }
+
     /// The gRPC methods this layer guards, by path: `/package.Service/Method` (a missing
     /// leading `/` is added). Feature `tonic`.
     ///

@@ -203,6 +203,7 @@ mod request_body;
 pub mod rollout;
 mod service;
 mod shadow;
+mod shadow_log;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testkit")]

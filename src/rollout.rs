@@ -16,16 +16,17 @@
 //! - **`Enforce`**: the contract: claim, replay, refuse.
 //! - **`Shadow`**: the request takes the old path (as in `Off`) and its answer is never changed,
 //!   replayed or refused. The layer still reads the key and the scope, buffers the body and
-//!   computes the fingerprint. On an atomic SQL store nothing more happens before the handler
-//!   runs: once the answer has been produced, the shadow record (status only, no body) is
-//!   written in the handler's plain transaction just before its COMMIT, and commits with it,
-//!   by the same rule (a *released* answer rolls back and records nothing; a stored failure
-//!   rolls back and is recorded apart), and the existing record is read only when one was
-//!   there. On other stores the request is looked up under its shadow identity without waiting
-//!   on a duplicate in flight, and the claim taken is finished right after the answer.
+//!   computes the fingerprint; nothing more happens before the handler runs, and nothing is
+//!   written while the request waits. Once the answer has been produced (and the old path's
+//!   transaction committed or rolled back, by the same rule: a *released* answer records
+//!   nothing; a stored failure rolls back and is recorded as `failed`), the request is queued
+//!   for the layer's shadow log, whose writer task records the queued requests under their
+//!   shadow identities in batches, every 100 ms by default, with one call of the store
+//!   ([`Store::record_shadow`](crate::Store::record_shadow); on the SQL stores one statement),
+//!   off the requests' path ([`IdempotencyLayer::shadow_log`](crate::IdempotencyLayer::shadow_log)).
 //!   What enforce mode would have done is counted in `idempotency_shadow_total` and logged at
-//!   debug. A store failure is counted (`store_unavailable`) and changes nothing else: a
-//!   failed shadow write is undone alone and the handler's writes still commit. One exception
+//!   debug once the batch is recorded. A store failure is counted (`store_unavailable`) and
+//!   changes nothing else: the handler's writes committed long before. One exception
 //!   to "never changes the answer": a body that cannot be read whole (over the limit without a
 //!   `Content-Length`, broken, or late) cannot be handed on, and is answered as enforce mode
 //!   answers it; a body refused before it is read (over the limit by its `Content-Length`, or

@@ -163,7 +163,10 @@ impl<S, St> IdempotencyService<S, St> {
             RolloutMode::Enforce => {
                 Box::pin(enforced(guarded, timer, parts, body, key, scope, rebuild).instrument(span))
             }
-            RolloutMode::Shadow => Box::pin(shadow::shadow(guarded, parts, body, key, scope, rebuild).instrument(span)),
+            RolloutMode::Shadow => {
+                let log = self.config.shadow_log.clone();
+                Box::pin(shadow::shadow(guarded, log, parts, body, key, scope, rebuild).instrument(span))
+            }
             _ => Box::pin(old(guarded, parts, body, key, scope).instrument(span)),
         })
     }

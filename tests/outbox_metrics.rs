@@ -98,7 +98,11 @@ async fn the_relay_counts_each_attempts_end_and_publishes_the_oldest_pending_age
     }
     handle.take().await.unwrap().commit().await.unwrap();
 
-    let config = RelayConfig { backoff_base: Duration::from_secs(600), ..RelayConfig::default() };
+    // The retry's wait is drawn uniformly up to the ceiling (full jitter): a ceiling of ten
+    // days, not the default 30 s cap, so that the failed event is not due again within this
+    // run but once in a million runs.
+    let ten_days = Duration::from_secs(10 * 86_400);
+    let config = RelayConfig { backoff_base: ten_days, backoff_cap: ten_days, ..RelayConfig::default() };
     Relay::new(outbox.clone(), Picky, config).run(tokio::time::sleep(Duration::from_millis(500))).await;
     assert_eq!(values.get("outbox_events_total{result=delivered}"), Some(2));
     assert_eq!(values.get("outbox_events_total{result=failed}"), Some(1));

@@ -152,8 +152,10 @@ async fn an_event_comes_back_only_after_its_lease_and_a_lost_lease_changes_nothi
 async fn a_failure_backs_off_and_one_past_the_deadline_is_dead<O: OutboxStore>(f: Fixture<O>) {
     (f.enqueue)(events("failing", 2), true).await;
     let failing = Recording { fail: true, ..Recording::default() };
-    // A long backoff: the failed events are not due again at once.
-    let config = RelayConfig { backoff_base: Duration::from_secs(60), ..RelayConfig::default() };
+    // A long backoff: the failed events are not due again at once. The wait is drawn uniformly
+    // up to the ceiling (full jitter), so the ceiling is ten days, not the default 30 s cap.
+    let ten_days = Duration::from_secs(10 * 86_400);
+    let config = RelayConfig { backoff_base: ten_days, backoff_cap: ten_days, ..RelayConfig::default() };
     let report = Relay::new(f.outbox.clone(), failing.clone(), config).run_once().await.unwrap();
     assert_eq!((report.claimed, report.retried, report.dead), (2, 2, 0));
     let counts = f.outbox.counts().await.unwrap();

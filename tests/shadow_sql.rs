@@ -1,7 +1,8 @@
-//! Shadow mode on both SQL stores, where the shadow record is written in the old path's own
-//! COMMIT round trip: what it counts (executed, replayed, key reused, a stored failure), what it
-//! writes (a completed record with the status only, no body, no operation id), and that a
-//! failing shadow write never changes the answer nor loses the handler's committed write.
+//! Shadow mode on both SQL stores, where the shadow records are written in batches after the
+//! answers have left, by one statement on a connection of their own: what it counts (executed,
+//! replayed, key reused, a stored failure, a storm of duplicates), what it writes (a completed
+//! record with the status only, no body, no operation id), and that a failing shadow write
+//! never changes the answer nor loses the handler's committed write.
 #![cfg(all(feature = "axum", feature = "metrics", feature = "sqlite", feature = "postgres"))]
 
 mod support;
@@ -69,7 +70,7 @@ macro_rules! suite {
             }
 
             #[tokio::test]
-            async fn shadow_records_in_the_commit_and_counts_what_enforce_would_have_done() {
+            async fn shadow_records_after_the_answer_and_counts_what_enforce_would_have_done() {
                 let recorded = std::sync::Arc::new(Recorded::default());
                 let _guard = metrics::set_default_local_recorder(&*recorded);
                 let (app, pool) = setup().await;
@@ -109,6 +110,33 @@ macro_rules! suite {
                 assert_eq!(send(&app, "l", "release").await, (StatusCode::UNPROCESSABLE_ENTITY, false));
                 assert_eq!(eventually(&recorded, &shadow("released"), 1).await, 1);
                 assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 0);
+                assert_eq!(count(&pool, "SELECT count(*) FROM idempotency_records").await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_storm_of_duplicates_runs_every_time_and_is_counted_as_one_execution() {
+                const DUPLICATES: usize = 16;
+                let recorded = std::sync::Arc::new(Recorded::default());
+                let _guard = metrics::set_default_local_recorder(&*recorded);
+                let (app, pool) = setup().await;
+
+                // All at once, behind a barrier: the old path stops none of them.
+                let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(DUPLICATES));
+                let mut calls = tokio::task::JoinSet::new();
+                for _ in 0..DUPLICATES {
+                    let (app, barrier) = (app.clone(), barrier.clone());
+                    calls.spawn(async move {
+                        barrier.wait().await;
+                        send(&app, "storm", "a").await
+                    });
+                }
+                for answer in calls.join_all().await {
+                    assert_eq!(answer, (StatusCode::CREATED, false));
+                }
+                assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, DUPLICATES as i64);
+                let replayed = eventually(&recorded, &shadow("replayed"), DUPLICATES as u64 - 1).await;
+                assert_eq!(replayed, DUPLICATES as u64 - 1, "enforce mode would have replayed every duplicate");
+                assert_eq!(recorded.get(&shadow("executed")), 1, "and executed the key once");
                 assert_eq!(count(&pool, "SELECT count(*) FROM idempotency_records").await, 1);
             }
 

@@ -12,7 +12,7 @@ use super::claim::{self, FastPathClaim, LockGuard, TOKEN_LEN};
 use super::codec::{self, Decoded};
 use super::keying::{self, Keying};
 use super::scripts::{self, Keys, Probe};
-use crate::store::{Begin, BeginRequest, Claim, PlainTransaction, Store, StoreError};
+use crate::store::{Begin, BeginRequest, Claim, PlainTransaction, ShadowEntry, ShadowSeen, Store, StoreError};
 
 impl<S: Store> Store for FastPath<S> {
     type Claim = FastPathClaim<S::Claim>;
@@ -134,6 +134,11 @@ impl<S: Store> Store for FastPath<S> {
         wait: Duration,
     ) -> Result<Option<PlainTransaction<<S::Claim as Claim>::Handle>>, StoreError> {
         self.inner.plain_transaction(wait).await
+    }
+
+    /// The durable store's own: shadow records never touch Redis.
+    async fn record_shadow(&self, entries: Vec<ShadowEntry>) -> Result<Vec<ShadowSeen>, StoreError> {
+        self.inner.record_shadow(entries).await
     }
 }
 

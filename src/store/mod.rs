@@ -29,6 +29,7 @@ pub mod admin;
 mod decide;
 pub mod memory;
 mod plain;
+mod shadow;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) mod sql;
 
@@ -42,7 +43,8 @@ pub use sql::sqlite;
 use std::future::Future;
 use std::time::Duration;
 
-pub use self::plain::{PlainTransaction, ShadowCommit, ShadowEntry, ShadowSeen};
+pub use self::plain::PlainTransaction;
+pub use self::shadow::{ShadowEntry, ShadowSeen};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{RecordId, Scope};
@@ -309,6 +311,28 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<PlainTransaction<<Self::Claim as Claim>::Handle>>, StoreError>> + Send {
         let _ = wait;
         std::future::ready(Ok(None))
+    }
+
+    /// Records shadow mode's `entries` (see [`rollout`](crate::rollout)), each under its
+    /// shadow identity, and says what it found under each, in their order. The layer calls it
+    /// off the requests' path, with a batch of entries whose answers have already left and
+    /// whose identities are distinct. An error says the whole batch failed: nothing of it is
+    /// known to be recorded.
+    ///
+    /// An entry takes the place of a forgotten record; any other record already there is kept
+    /// and returned as [`ShadowSeen::Existing`] (or [`InFlight`](ShadowSeen::InFlight)). A
+    /// recorded entry is a `completed` record (`failed` for [`ShadowEntry::failed`]) with the
+    /// status only: no body, no labels, never leased.
+    ///
+    /// The default claims and settles each entry in turn (a claim that never waits). The SQL
+    /// stores write the whole batch with one statement, and read back only the records that
+    /// were already there; `FastPath` passes its store's through.
+    fn record_shadow(
+        &self,
+        entries: Vec<ShadowEntry>,
+    ) -> impl Future<Output = Result<Vec<ShadowSeen>, StoreError>> + Send {
+        let store = self.clone();
+        async move { Ok(shadow::record_by_claims(&store, entries).await) }
     }
 }
 

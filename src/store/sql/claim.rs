@@ -153,6 +153,15 @@ macro_rules! sql_store_surface {
             > {
                 $crate::store::sql::plain_transaction(&self.records, $plain_begin, wait).await
             }
+
+            /// The whole batch by one statement on a connection of its own, in either mode;
+            /// only the records already there are read back.
+            async fn record_shadow(
+                &self,
+                entries: Vec<$crate::store::ShadowEntry>,
+            ) -> Result<Vec<$crate::store::ShadowSeen>, $crate::store::StoreError> {
+                $crate::store::sql::shadow::record_shadow(&self.records, entries).await
+            }
         }
 
         impl $crate::store::Admin for $store {

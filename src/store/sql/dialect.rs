@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::{Database, SqlStr};
 
 use super::{RecordRow, millis};
-use crate::store::{ShadowEntry, StoreError};
+use crate::store::StoreError;
 
 /// A statement's argument, as the shared statements produce it.
 #[derive(Debug, Clone)]
@@ -129,33 +129,12 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// The time `ms` (an integer expression) milliseconds after `now`.
     fn plus_ms(now: &str, ms: &str) -> String;
 
-    /// Shadow mode's write of its record in the old path's transaction, on `table` (qualified
-    /// and quoted), whose primary key an upsert names by `conflict_target` (see
-    /// [`Statements::shadow_write`](super::statements::Statements::shadow_write)).
-    fn shadow_sql(table: &str, conflict_target: &str) -> String;
-
-    /// Runs shadow mode's write on `conn`: positive when the record was written, zero when
-    /// another record was there, negative when the write failed without harming the
-    /// transaction.
-    fn run_shadow(
-        conn: &mut <Self::Db as Database>::Connection,
-        statement: Bound,
-    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
-
-    /// The arguments of [`shadow_sql`](Self::shadow_sql) for `entry`, "now" being `now`: the
-    /// record's identity, fingerprint and status, and its two times as [`later_arg`](Self::later_arg)s.
-    fn shadow_args(entry: &ShadowEntry, now: Option<i64>) -> Vec<Arg> {
-        let retention = entry.retention;
-        vec![
-            Arg::Bytes(entry.id.digest().to_vec()),
-            Arg::Small(i16::from(entry.fingerprint.version())),
-            Arg::Bytes(entry.fingerprint.digest().to_vec()),
-            Arg::Small(i16::try_from(entry.status.as_u16()).unwrap_or(i16::MAX)),
-            Arg::Bytes(crate::record::StoredResponse::new(entry.status, "").encode_fields()),
-            Self::later_arg(now, retention.response),
-            Self::later_arg(now, retention.response.saturating_add(retention.tombstone)),
-        ]
-    }
+    /// Shadow mode's write of a batch of records on `table` (qualified and quoted), whose
+    /// primary key an upsert names by `conflict_target`: one statement over a JSON array, its
+    /// first parameter, of `[record id, state, fingerprint version, fingerprint, status,
+    /// keep ms, forget ms]` (digests in hex), returning the identities it wrote (see
+    /// [`Statements::shadow_batch`](super::statements::Statements::shadow_batch)).
+    fn shadow_batch_sql(table: &str, conflict_target: &str) -> String;
 
     /// Whether a fenced write's error means the write surely never ran (by default, no error
     /// says so).
@@ -186,6 +165,12 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
         conn: &mut <Self::Db as Database>::Connection,
         statement: Bound,
     ) -> impl Future<Output = Result<Vec<(String, i64, Option<i64>)>, sqlx::Error>> + Send;
+
+    /// Runs `statement` on `conn` and reads the identities (digests) it returns.
+    fn fetch_ids(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, sqlx::Error>> + Send;
 
     /// Runs `statement` on `conn` and reads the integer (a fencing token) it returns, if any.
     fn fetch_token(
@@ -228,6 +213,15 @@ macro_rules! run_bound_statements {
             use sqlx::Row;
             let rows = bind(statement).fetch_all(conn).await?;
             rows.iter().map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).collect()
+        }
+
+        async fn fetch_ids(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> Result<Vec<Vec<u8>>, sqlx::Error> {
+            use sqlx::Row;
+            let rows = bind(statement).fetch_all(conn).await?;
+            rows.iter().map(|row| row.try_get(0)).collect()
         }
 
         async fn fetch_token(

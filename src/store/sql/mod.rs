@@ -12,6 +12,7 @@ mod leased;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+pub(crate) mod shadow;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
@@ -33,10 +34,7 @@ use self::dialect::{Bound, Dialect};
 use self::statements::Statements;
 use self::tx::{HandleStillHeld, TxHandle};
 use super::decide::{ABANDONED, Decision, Found, decide};
-use super::{
-    Begin, BeginRequest, CouplingMode, FinishError, PlainTransaction, ShadowCommit, ShadowEntry, ShadowSeen,
-    StaleLeasePolicy, StoreError,
-};
+use super::{Begin, BeginRequest, CouplingMode, FinishError, PlainTransaction, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::record::{Record, RecordState, StoredResponse};
@@ -141,65 +139,7 @@ pub(crate) async fn plain_transaction<D: Dialect>(
         return Ok(None);
     }
     let tx = begin_by(&records.pool, begin.into_sql_str(), Instant::now() + wait).await.map_err(unavailable)?;
-    let records = records.clone();
-    let plain = PlainTransaction::new(TxHandle::new(tx), finish_plain)
-        .recording_shadow(move |handle, entry| commit_recording(records, handle, entry));
-    Ok(Some(plain))
-}
-
-/// Commits a plain transaction with shadow mode's record of its request written in it, by one
-/// prepared statement just before the COMMIT
-/// ([`Statements::shadow_write`](statements::Statements::shadow_write)). Only when a record was
-/// already there does it cost one more: the read of that record, for what enforce mode would
-/// have answered. A failed shadow write is undone alone and the handler's writes commit
-/// without it.
-async fn commit_recording<D: Dialect>(
-    records: Records<D>,
-    handle: TxHandle<D::Db>,
-    entry: ShadowEntry,
-) -> ShadowCommit {
-    let mut tx = match handle.take_to_finish().await {
-        Ok(tx) => tx,
-        Err(held) => return ShadowCommit { committed: Err(held.into()), seen: ShadowSeen::NotRecorded(None) },
-    };
-    // A failed write leaves the transaction as it was (SQLite's statement is rolled back
-    // alone; PostgreSQL's function catches its own failure): the rest commits either way.
-    let written = D::run_shadow(&mut tx, records.statements.shadow_write(&entry)).await;
-    let committed = tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error)));
-    let seen = match (&committed, written) {
-        (Err(_), _) => ShadowSeen::NotRecorded(None),
-        (Ok(()), Err(error)) => ShadowSeen::NotRecorded(Some(unavailable(error))),
-        (Ok(()), Ok(written)) if written > 0 => ShadowSeen::Recorded,
-        (Ok(()), Ok(written)) if written < 0 => ShadowSeen::NotRecorded(None),
-        // Another record holds the shadow identity: what is it?
-        (Ok(()), Ok(_)) => match records.read(&entry.id, Instant::now() + SHADOW_READ_WAIT).await {
-            Ok(row) => shadow_seen(row, &entry.fingerprint),
-            Err(error) => ShadowSeen::NotRecorded(Some(error)),
-        },
-    };
-    ShadowCommit { committed, seen }
-}
-
-/// How long the read of a shadow record already there may wait for a connection.
-const SHADOW_READ_WAIT: Duration = Duration::from_secs(1);
-
-/// What enforce mode would have answered from the record `row` held under a shadow identity.
-fn shadow_seen(row: Option<RecordRow>, fingerprint: &Fingerprint) -> ShadowSeen {
-    let Some(row) = row.filter(|row| !row.forgotten) else {
-        return ShadowSeen::NotRecorded(None);
-    };
-    let found = match row.found() {
-        Ok(found) => found,
-        Err(error) => return ShadowSeen::NotRecorded(Some(error)),
-    };
-    match decide(&found, fingerprint, StaleLeasePolicy::MarkUnknown) {
-        Decision::Answer(state) => match row.answer(&found, state, fingerprint) {
-            Ok(record) => ShadowSeen::Existing(record),
-            Err(error) => ShadowSeen::NotRecorded(Some(error)),
-        },
-        Decision::Claim => ShadowSeen::NotRecorded(None),
-        Decision::Wait { .. } | Decision::MarkUnknown | Decision::TakeOver => ShadowSeen::InFlight,
-    }
+    Ok(Some(PlainTransaction::new(TxHandle::new(tx), finish_plain)))
 }
 
 /// Ends a plain transaction: fails closed if the handler still holds the handle, else commits

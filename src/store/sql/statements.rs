@@ -47,7 +47,7 @@ pub(crate) struct Statements<D> {
     purge_start: AtomicUsize,
     /// The admin and recovery statements.
     pub(crate) admin: AdminStatements<D>,
-    /// Shadow mode's write (see [`shadow_write`](Self::shadow_write)).
+    /// Shadow mode's write (see [`shadow_batch`](Self::shadow_batch)).
     shadow: SqlStr,
     dialect: PhantomData<D>,
 }
@@ -150,19 +150,38 @@ impl<D: Dialect> Statements<D> {
             purge_prepared: true,
             purge_start: AtomicUsize::new(0),
             admin: AdminStatements::new(t),
-            shadow: sql(D::shadow_sql(t, conflict_target)),
+            shadow: sql(D::shadow_batch_sql(t, conflict_target)),
             dialect: PhantomData,
         }
     }
 
-    /// Shadow mode's record of `entry`, written in the old path's transaction just before its
-    /// COMMIT, by one prepared statement ([`Dialect::shadow_sql`]). The record is a completed
-    /// one with the answer's status and no body, no labels (an operation id lookup never finds
-    /// a shadow record) and fencing token 0. It takes the place of a forgotten record; any
-    /// other record already there is kept, and no row changes.
-    pub(crate) fn shadow_write(&self, entry: &ShadowEntry) -> Bound {
+    /// Shadow mode's records of `entries` (of distinct identities), written by one prepared
+    /// statement ([`Dialect::shadow_batch_sql`]) over a JSON array of them. Each record is a
+    /// completed one (failed, for a stored failure) with the answer's status and no body, no
+    /// labels (an operation id lookup never finds a shadow record) and fencing token 0. It
+    /// takes the place of a forgotten record; any other record already there is kept. The
+    /// statement returns the identities it wrote.
+    pub(crate) fn shadow_batch(&self, entries: &[ShadowEntry]) -> Bound {
+        let mut batch = String::with_capacity(entries.len() * 170 + 2);
+        batch.push('[');
+        for (n, entry) in entries.iter().enumerate() {
+            let state = if entry.failed { RecordState::Failed } else { RecordState::Completed };
+            let keep = entry.retention.response;
+            batch.push_str(&format!(
+                "{comma}[\"{id}\",\"{state}\",{version},\"{fingerprint}\",{status},{keep},{forget}]",
+                comma = if n == 0 { "" } else { "," },
+                id = crate::hex::encode(entry.id.digest()),
+                state = state.as_str(),
+                version = entry.fingerprint.version(),
+                fingerprint = crate::hex::encode(entry.fingerprint.digest()),
+                status = entry.status.as_u16(),
+                keep = super::millis(keep),
+                forget = super::millis(keep.saturating_add(entry.retention.tombstone)),
+            ));
+        }
+        batch.push(']');
         let now = D::now_value();
-        Bound::new(&self.shadow, D::shadow_args(entry, now), now)
+        Bound::new(&self.shadow, vec![Arg::OptText(Some(batch))], now)
     }
 
     /// Claims `request`'s identity as `processing`, holding a lease of `lease` (`None`: no lease,

@@ -109,7 +109,7 @@ pub use self::partitions::{InvalidPartitions, LayoutMismatch, MAX_PARTITIONS, MI
 use self::atomic::{AtomicClaim, AtomicStatements, is_retryable};
 use self::partitions::Layout;
 use super::claim::{Held, sql_store_surface};
-use super::dialect::{Arg, Bound, Dialect, bind_and_decode, run_bound_statements};
+use super::dialect::{Arg, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
 use super::statements::Statements;
 use super::{Records, acquire_by, check_identifier, migrator, millis, unavailable};
@@ -182,16 +182,32 @@ impl Dialect for Pg {
         format!("{now} + ({ms}) * interval '1 millisecond'")
     }
 
-    // The migration's `<table>_shadow` function (0006): planned once per session, and its
-    // failure caught inside it (an error would abort the handler's transaction).
-    fn shadow_sql(table: &str, _: &str) -> String {
-        let function = format!("{}_shadow\"", table.strip_suffix('"').unwrap_or(table));
-        format!("SELECT {function}($1, $2::smallint, $3, $4::smallint, $5, $6::bigint, $7::bigint)")
-    }
-
-    // What the function returns.
-    async fn run_shadow(conn: &mut sqlx::PgConnection, statement: Bound) -> Result<i64, sqlx::Error> {
-        Self::fetch_token(conn, statement).await.map(|written| written.unwrap_or(0))
+    // The batch's upsert over `jsonb_array_elements`: each record with the status only (a
+    // status-only answer's fields encode as no bytes), taking the place of a forgotten one.
+    // (Migration 0006's `<table>_shadow` function, which wrote one record in the handler's own
+    // transaction, is no longer called; it stays for the binaries of a rolling upgrade.)
+    fn shadow_batch_sql(table: &str, conflict_target: &str) -> String {
+        format!(
+            "INSERT INTO {table} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                                       response_status, response_headers, response_body, response_until, \
+                                       forget_at, created_at, updated_at) \
+             SELECT decode(e ->> 0, 'hex'), e ->> 1, (e ->> 2)::smallint, decode(e ->> 3, 'hex'), 0, \
+                    (e ->> 4)::smallint, ''::bytea, ''::bytea, \
+                    clock_timestamp() + (e ->> 5)::bigint * interval '1 millisecond', \
+                    clock_timestamp() + (e ->> 6)::bigint * interval '1 millisecond', \
+                    clock_timestamp(), clock_timestamp() \
+             FROM jsonb_array_elements($1::text::jsonb) AS e \
+             ON CONFLICT {conflict_target} DO UPDATE SET \
+                 state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
+                 fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
+                 response_status = excluded.response_status, response_headers = excluded.response_headers, \
+                 response_body = excluded.response_body, response_until = excluded.response_until, \
+                 forget_at = excluded.forget_at, created_at = excluded.created_at, \
+                 updated_at = excluded.updated_at, reexecutable = false, operation = NULL, \
+                 scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
+             WHERE r.forget_at <= clock_timestamp() \
+             RETURNING r.record_id",
+        )
     }
 
     run_bound_statements!(Postgres);

@@ -164,15 +164,16 @@ impl Dialect for Lite {
         format!("{now} + ({ms})")
     }
 
-    // The upsert itself: a completed record with the status only, taking the place of a
-    // forgotten one. A failed statement of SQLite's rolls back that statement alone, so the
-    // handler's writes still commit. (PostgreSQL's twin is migration 0006's function.)
-    fn shadow_sql(table: &str, conflict_target: &str) -> String {
+    // The batch's upsert over `json_each`: each record with the status only (a status-only
+    // answer's fields encode as no bytes), taking the place of a forgotten one.
+    fn shadow_batch_sql(table: &str, conflict_target: &str) -> String {
         format!(
             "INSERT INTO {table} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                                        response_status, response_headers, response_body, response_until, \
                                        forget_at, created_at, updated_at) \
-             VALUES (?1, '{completed}', ?2, ?3, 0, ?4, ?5, X'', ?6, ?7, ?8, ?8) \
+             SELECT unhex(e.value ->> '$[0]'), e.value ->> '$[1]', e.value ->> '$[2]', unhex(e.value ->> '$[3]'), \
+                    0, e.value ->> '$[4]', X'', X'', ?2 + (e.value ->> '$[5]'), ?2 + (e.value ->> '$[6]'), ?2, ?2 \
+             FROM json_each(?1) AS e WHERE true \
              ON CONFLICT {conflict_target} DO UPDATE SET \
                  state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
                  fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
@@ -181,14 +182,9 @@ impl Dialect for Lite {
                  forget_at = excluded.forget_at, created_at = excluded.created_at, \
                  updated_at = excluded.updated_at, reexecutable = 0, operation = NULL, \
                  scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
-             WHERE r.forget_at <= ?8",
-            completed = RecordState::Completed.as_str(),
+             WHERE r.forget_at <= ?2 \
+             RETURNING record_id",
         )
-    }
-
-    // The rows the upsert changed.
-    async fn run_shadow(conn: &mut sqlx::SqliteConnection, statement: Bound) -> Result<i64, sqlx::Error> {
-        Self::execute(conn, statement).await.map(|changed| i64::try_from(changed).unwrap_or(i64::MAX))
     }
 
     /// A busy write lock means the write never ran.
