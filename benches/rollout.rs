@@ -14,6 +14,9 @@
 //!   transaction: what writing the record on the request's path would cost it (the design the
 //!   log replaced).
 //!
+//! SQLite runs twice, in WAL mode: with `synchronous = NORMAL` (no fsync at COMMIT), then with
+//! `synchronous = FULL`, as the reference service runs it.
+//!
 //! One client sends requests one after another through the router (no sockets). Each round
 //! measures the three for `WINDOW` each, in rotated order; it prints the mean latency of each
 //! and the per-round ratios `shadow / off` and `in-commit / off` (median and range). Run with
@@ -180,34 +183,47 @@ fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> Idempote
     }
 }
 
+/// `off`, `shadow` and `in-commit` on a SQLite file of their own with `synchronous`.
+async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
+    let path = std::env::temp_dir().join(format!("tidem_bench_rollout_{}.db", std::process::id()));
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(synchronous)
+        .busy_timeout(Duration::from_secs(5));
+    let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await.expect("sqlite");
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("orders");
+    let apps = [
+        Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Off))),
+        Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Shadow))),
+        Router::new().route("/orders", post(in_commit_sqlite).layer(layer(store, RolloutMode::Off))),
+    ];
+    // The routers go with it; the shadow log's writer records what is left and ends.
+    compare(name, apps, rounds).await;
+    pool.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
 fn main() {
     let rounds = std::env::var("ROLLOUT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async {
-        // SQLite: a file of the benchmark's own, WAL, as the reference service runs it.
-        let path = std::env::temp_dir().join(format!("tidem_bench_rollout_{}.db", std::process::id()));
-        let options = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await.expect("sqlite");
-        let store = SqliteStore::new(pool.clone());
-        store.migrate().await.expect("migrate");
-        sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
-            .execute(&pool)
-            .await
-            .expect("orders");
-        let apps = [
-            Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Off))),
-            Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Shadow))),
-            Router::new().route("/orders", post(in_commit_sqlite).layer(layer(store, RolloutMode::Off))),
-        ];
-        compare("sqlite", apps, rounds).await;
-        pool.close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        // SQLite: a file of the benchmark's own, in WAL mode; with `synchronous = NORMAL` (no
+        // fsync at COMMIT), then `FULL`, as the reference service runs it (an answer sent after
+        // COMMIT survives a power cut).
+        for (name, synchronous) in [
+            ("sqlite, synchronous = NORMAL", SqliteSynchronous::Normal),
+            ("sqlite, synchronous = FULL", SqliteSynchronous::Full),
+        ] {
+            compare_sqlite(name, synchronous, rounds).await;
         }
 
         let db = bench_db::BenchDatabase::create("tidem_bench_rollout", 16).await;
