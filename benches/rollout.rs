@@ -183,6 +183,23 @@ fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> Idempote
     }
 }
 
+/// The three set-ups on `store`: `create` behind the layer in `Off` and in `Shadow`, and
+/// `in_commit` behind it in `Off`.
+fn apps<St, C, CT, I, IT>(store: St, create: C, in_commit: I) -> [Router; 3]
+where
+    St: tower_idempotency::Store,
+    C: axum::handler::Handler<CT, ()>,
+    I: axum::handler::Handler<IT, ()>,
+    CT: 'static,
+    IT: 'static,
+{
+    [
+        Router::new().route("/orders", post(create.clone()).layer(layer(store.clone(), RolloutMode::Off))),
+        Router::new().route("/orders", post(create).layer(layer(store.clone(), RolloutMode::Shadow))),
+        Router::new().route("/orders", post(in_commit).layer(layer(store, RolloutMode::Off))),
+    ]
+}
+
 /// `off`, `shadow` and `in-commit` on a SQLite file of their own with `synchronous`.
 async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
     let path = std::env::temp_dir().join(format!("tidem_bench_rollout_{}.db", std::process::id()));
@@ -199,13 +216,8 @@ async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usiz
         .execute(&pool)
         .await
         .expect("orders");
-    let apps = [
-        Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Off))),
-        Router::new().route("/orders", post(create_sqlite).layer(layer(store.clone(), RolloutMode::Shadow))),
-        Router::new().route("/orders", post(in_commit_sqlite).layer(layer(store, RolloutMode::Off))),
-    ];
     // The routers go with it; the shadow log's writer records what is left and ends.
-    compare(name, apps, rounds).await;
+    compare(name, apps(store, create_sqlite, in_commit_sqlite), rounds).await;
     pool.close().await;
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -233,12 +245,7 @@ fn main() {
             .execute(&db.pool)
             .await
             .expect("orders");
-        let apps = [
-            Router::new().route("/orders", post(create_pg).layer(layer(store.clone(), RolloutMode::Off))),
-            Router::new().route("/orders", post(create_pg).layer(layer(store.clone(), RolloutMode::Shadow))),
-            Router::new().route("/orders", post(in_commit_pg).layer(layer(store, RolloutMode::Off))),
-        ];
-        compare("postgres", apps, rounds).await;
+        compare("postgres", apps(store, create_pg, in_commit_pg), rounds).await;
         db.drop().await;
     });
 }

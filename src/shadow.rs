@@ -12,14 +12,14 @@ use tower_service::Service;
 use crate::BoxError;
 use crate::body::IdempotencyBody;
 use crate::context::IdempotencyContext;
-use crate::fingerprint::{self, FINGERPRINT_VERSION, Fingerprint};
+use crate::fingerprint::{self, FINGERPRINT_VERSION};
 use crate::guarded::Guarded;
 use crate::key::{IdempotencyKey, RecordId, Scope};
 use crate::old_path::old_path;
 use crate::outcome::OutcomeClass;
 use crate::problem::Problem;
 use crate::request_body::{admit_request_body, read_request_body};
-use crate::shadow_log::{Queued, ShadowLog};
+use crate::shadow_log::{self, Queued, ShadowLog};
 use crate::store::{ShadowEntry, Store};
 use crate::telemetry::RequestResult;
 
@@ -44,10 +44,7 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let metrics = guarded.metrics.clone();
-    let would = move |result: RequestResult| {
-        metrics.shadow(result);
-        tracing::debug!(result = result.as_str(), "idempotency (shadow): enforce mode would have refused this request");
-    };
+    let would = move |result: RequestResult| shadow_log::count(&metrics, None, result);
     let key = match key {
         Ok(Some(key)) => Some(key),
         Ok(None) if !guarded.config.key_required => None,
@@ -90,19 +87,21 @@ where
     let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
     let fingerprint = fingerprint::fingerprint(method, uri, headers, &body, spec);
     // The other version this crate knows, for a record written before (or after) an upgrade.
-    let other = if FINGERPRINT_VERSION == 1 { 2 } else { 1 };
-    let earlier: Option<Fingerprint> = fingerprint::fingerprint_with_version(other, method, uri, headers, &body, spec);
+    let other = fingerprint::KNOWN_VERSIONS.into_iter().find(|&version| version != FINGERPRINT_VERSION);
+    let earlier =
+        other.and_then(|other| fingerprint::fingerprint_with_version(other, method, uri, headers, &body, spec));
 
     let answered = old_path(&mut guarded, Request::from_parts(parts, rebuild(body)), Some(context)).await;
     drop(reservation);
     let (response, class, finished) = answered?;
     let entry = ShadowEntry::new(id.shadow(), fingerprint, response.status(), guarded.config.retention);
     let queued = |entry| Queued { entry, earlier, metrics: guarded.metrics.clone() };
+    let count = |result| shadow_log::count(&guarded.metrics, Some(&entry.id), result);
     match (class, finished) {
         // The handler's writes did not commit (the answer says so): nothing is recorded.
-        (_, Some(Err(()))) => would_have(&guarded, &id, RequestResult::StoreUnavailable),
+        (_, Some(Err(()))) => count(RequestResult::StoreUnavailable),
         // A released answer (or one too large to keep): enforce mode would store nothing.
-        (OutcomeClass::Release, _) => would_have(&guarded, &id, RequestResult::Released),
+        (OutcomeClass::Release, _) => count(RequestResult::Released),
         // A stored failure: its writes rolled back, and it is recorded as enforce mode stores it.
         (OutcomeClass::Reject, _) => log.record(&guarded.store, queued(entry.as_failure())),
         // A complete answer, or one whose outcome is unknown: never an `unknown` record (a
@@ -110,11 +109,4 @@ where
         _ => log.record(&guarded.store, queued(entry)),
     }
     Ok(response)
-}
-
-/// Counts what enforce mode would have done with the request under `id`, known once its
-/// answer has been produced, and logs it.
-fn would_have<S, St>(guarded: &Guarded<S, St>, id: &RecordId, result: RequestResult) {
-    guarded.metrics.shadow(result);
-    tracing::debug!(record = %id.shadow(), result = result.as_str(), "idempotency (shadow): what enforce mode would have done");
 }

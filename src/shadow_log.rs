@@ -64,8 +64,19 @@ impl Queued {
 
     /// Counts `result` and logs it.
     fn count(&self, result: RequestResult) {
-        self.metrics.shadow(result);
-        tracing::debug!(record = %self.entry.id, result = result.as_str(), "idempotency (shadow): what enforce mode would have done");
+        count(&self.metrics, Some(&self.entry.id), result);
+    }
+}
+
+/// Counts in `idempotency_shadow_total` what enforce mode would have done with a request
+/// (under the shadow identity `record`, once it is known), and logs it at debug.
+pub(crate) fn count(metrics: &OperationMetrics, record: Option<&RecordId>, result: RequestResult) {
+    metrics.shadow(result);
+    match record {
+        Some(record) => {
+            tracing::debug!(%record, result = result.as_str(), "idempotency (shadow): what enforce mode would have done")
+        }
+        None => tracing::debug!(result = result.as_str(), "idempotency (shadow): what enforce mode would have done"),
     }
 }
 

@@ -151,6 +151,9 @@ use json::{Pointer, Scratch};
 /// Version of the fingerprint algorithm that [`fingerprint`] computes and new records store.
 pub const FINGERPRINT_VERSION: u8 = 2;
 
+/// Every fingerprint version this build computes ([`fingerprint_with_version`]).
+pub(crate) const KNOWN_VERSIONS: [u8; 2] = [1, 2];
+
 /// Domain-separation prefix of the hash input for version 1.
 const DOMAIN_V1: &[u8] = b"tower-idempotency/fingerprint/v1\0";
 
@@ -448,7 +451,7 @@ pub fn fingerprint_with_version(
     body: &[u8],
     spec: &FingerprintSpec,
 ) -> Option<Fingerprint> {
-    matches!(version, 1 | 2).then(|| compute(version, method, uri, headers, body, spec))
+    KNOWN_VERSIONS.contains(&version).then(|| compute(version, method, uri, headers, body, spec))
 }
 
 /// The fingerprint at `version` (1 or 2).

@@ -49,7 +49,7 @@ macro_rules! store_suite {
             in_flight_duplicate_waits_then_reports_in_flight, waiter_sees_the_outcome_when_the_holder_finishes,
             waiter_claims_after_a_release, identities_are_independent, concurrent_begins_grant_exactly_one_claim,
             retention_keeps_a_tombstone_then_forgets, forgotten_record_is_taken_over_before_any_purge,
-            fencing_tokens_increase,
+            records_shadow_batches, fencing_tokens_increase,
             stale_lease_becomes_unknown, stale_lease_reexecute_takes_over_and_fences_the_old_holder,
             dropped_leased_claim_is_not_left_in_flight);
     };
@@ -60,7 +60,7 @@ macro_rules! store_suite {
             in_flight_duplicate_waits_then_reports_in_flight, waiter_sees_the_outcome_when_the_holder_finishes,
             waiter_claims_after_a_release, identities_are_independent, concurrent_begins_grant_exactly_one_claim,
             retention_keeps_a_tombstone_then_forgets, forgotten_record_is_taken_over_before_any_purge,
-            dropped_atomic_claim_leaves_nothing);
+            records_shadow_batches, dropped_atomic_claim_leaves_nothing);
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
         $(

@@ -267,6 +267,51 @@ pub async fn forgotten_record_is_taken_over_before_any_purge<S: Store>(store: S)
     assert_eq!(record.response, Some(declined), "the newest outcome must have replaced the forgotten one");
 }
 
+/// Shadow mode's batches ([`Store::record_shadow`]): entries are recorded (completed, or
+/// failed for a stored failure) with their status and no body; recorded again, each finds the
+/// record already there and keeps it; a forgotten record is taken over.
+pub async fn records_shadow_batches<S: Store>(store: S) {
+    use crate::store::{ShadowEntry, ShadowSeen};
+    let (done, declined, brief) = (fresh_id("shadow-done"), fresh_id("shadow-declined"), fresh_id("shadow-brief"));
+    let entry = |id: RecordId, byte: u8, status: StatusCode| {
+        ShadowEntry::new(id, fingerprint(byte), status, Retention::default())
+    };
+    let first =
+        vec![entry(done, 21, StatusCode::CREATED), entry(declined, 22, StatusCode::PAYMENT_REQUIRED).as_failure()];
+    let seen = store.record_shadow(first).await.expect("record a batch");
+    assert!(matches!(seen.as_slice(), [ShadowSeen::Recorded, ShadowSeen::Recorded]), "{seen:?}");
+
+    // The records are the store's own: a claim finds them, with the status and no body.
+    let record = existing(&store, BeginRequest::new(&done, &fingerprint(21))).await;
+    assert_eq!(record.state, RecordState::Completed);
+    assert_eq!(record.response.map(|response| (response.status, response.body.len())), Some((StatusCode::CREATED, 0)));
+    let record = existing(&store, BeginRequest::new(&declined, &fingerprint(22))).await;
+    assert_eq!(record.state, RecordState::Failed);
+
+    // Again, with another fingerprint for one of them: both records are kept as they were.
+    let again = vec![entry(done, 21, StatusCode::CREATED), entry(declined, 23, StatusCode::CREATED)];
+    let seen = store.record_shadow(again).await.expect("record a batch again");
+    match seen.as_slice() {
+        [ShadowSeen::Existing(done), ShadowSeen::Existing(declined)] => {
+            assert_eq!((done.state, done.fingerprint), (RecordState::Completed, fingerprint(21)));
+            assert_eq!((declined.state, declined.fingerprint), (RecordState::Failed, fingerprint(22)));
+        }
+        other => panic!("both records were there: {other:?}"),
+    }
+
+    // A forgotten record (past its tombstone time, not purged) is taken over.
+    let brief_retention = Retention {
+        response: Duration::from_millis(200),
+        tombstone: Duration::from_millis(300),
+        ..Retention::default()
+    };
+    let short = ShadowEntry::new(brief, fingerprint(24), StatusCode::CREATED, brief_retention);
+    assert!(matches!(store.record_shadow(vec![short]).await.expect("record").as_slice(), [ShadowSeen::Recorded]));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let seen = store.record_shadow(vec![short]).await.expect("record over the forgotten one");
+    assert!(matches!(seen.as_slice(), [ShadowSeen::Recorded]), "{seen:?}");
+}
+
 /// Leased mode: each claim's fencing token is greater than the one before on the same identity.
 pub async fn fencing_tokens_increase<S: Store>(store: S) {
     let id = fresh_id("fencing");

@@ -129,12 +129,12 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// The time `ms` (an integer expression) milliseconds after `now`.
     fn plus_ms(now: &str, ms: &str) -> String;
 
-    /// Shadow mode's write of a batch of records on `table` (qualified and quoted), whose
-    /// primary key an upsert names by `conflict_target`: one statement over a JSON array, its
-    /// first parameter, of `[record id, state, fingerprint version, fingerprint, status,
-    /// keep ms, forget ms]` (digests in hex), returning the identities it wrote (see
+    /// Shadow mode's batch as rows, for a `FROM`: parameter 1 is a JSON array of `[record id,
+    /// state, fingerprint version, fingerprint, status, keep ms, forget ms]` (digests in hex),
+    /// and each row has the columns `id`, `state`, `version`, `fingerprint`, `status`,
+    /// `keep_ms`, `forget_ms` in their column types, and `empty` (no bytes) (see
     /// [`Statements::shadow_batch`](super::statements::Statements::shadow_batch)).
-    fn shadow_batch_sql(table: &str, conflict_target: &str) -> String;
+    fn shadow_rows() -> String;
 
     /// Whether a fenced write's error means the write surely never ran (by default, no error
     /// says so).

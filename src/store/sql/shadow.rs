@@ -3,6 +3,7 @@
 //! have left. Only the records that were already there are read back, one by one, for what
 //! enforce mode would have answered from them.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,11 +30,12 @@ pub(crate) async fn record_shadow<D: Dialect>(
     let deadline = Instant::now() + CONNECTION_WAIT;
     let written = {
         let mut conn = acquire_by(&records.pool, deadline).await.map_err(unavailable)?;
-        D::fetch_ids(&mut conn, records.statements.shadow_batch(&entries)).await.map_err(unavailable)?
+        let ids = D::fetch_ids(&mut conn, records.statements.shadow_batch(&entries)).await.map_err(unavailable)?;
+        ids.into_iter().collect::<BTreeSet<Vec<u8>>>()
     };
     let mut seen = Vec::with_capacity(entries.len());
     for entry in &entries {
-        if written.iter().any(|id| id.as_slice() == entry.id.digest()) {
+        if written.contains(entry.id.digest().as_slice()) {
             seen.push(ShadowSeen::Recorded);
             continue;
         }

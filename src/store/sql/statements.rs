@@ -150,24 +150,53 @@ impl<D: Dialect> Statements<D> {
             purge_prepared: true,
             purge_start: AtomicUsize::new(0),
             admin: AdminStatements::new(t),
-            shadow: sql(D::shadow_batch_sql(t, conflict_target)),
+            // The batch's upsert: each record with the status only (a status-only answer's
+            // fields encode as no bytes), taking the place of a forgotten one.
+            shadow: {
+                let now = D::now(2);
+                sql(format!(
+                    "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                                           response_status, response_headers, response_body, response_until, \
+                                           forget_at, created_at, updated_at) \
+                     SELECT b.id, b.state, b.version, b.fingerprint, 0, b.status, b.empty, b.empty, \
+                            {keep}, {forget}, {now}, {now} \
+                     FROM {rows} AS b WHERE true \
+                     ON CONFLICT {conflict_target} DO UPDATE SET \
+                         state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
+                         fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
+                         response_status = excluded.response_status, response_headers = excluded.response_headers, \
+                         response_body = excluded.response_body, response_until = excluded.response_until, \
+                         forget_at = excluded.forget_at, created_at = excluded.created_at, \
+                         updated_at = excluded.updated_at, reexecutable = {no}, operation = NULL, \
+                         scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
+                     WHERE r.forget_at <= {now} \
+                     RETURNING record_id",
+                    keep = D::plus_ms(&now, "b.keep_ms"),
+                    forget = D::plus_ms(&now, "b.forget_ms"),
+                    rows = D::shadow_rows(),
+                    no = D::FALSE,
+                ))
+            },
             dialect: PhantomData,
         }
     }
 
     /// Shadow mode's records of `entries` (of distinct identities), written by one prepared
-    /// statement ([`Dialect::shadow_batch_sql`]) over a JSON array of them. Each record is a
+    /// statement over a JSON array of them ([`Dialect::shadow_rows`]). Each record is a
     /// completed one (failed, for a stored failure) with the answer's status and no body, no
     /// labels (an operation id lookup never finds a shadow record) and fencing token 0. It
     /// takes the place of a forgotten record; any other record already there is kept. The
     /// statement returns the identities it wrote.
     pub(crate) fn shadow_batch(&self, entries: &[ShadowEntry]) -> Bound {
+        use std::fmt::Write as _;
         let mut batch = String::with_capacity(entries.len() * 170 + 2);
         batch.push('[');
         for (n, entry) in entries.iter().enumerate() {
             let state = if entry.failed { RecordState::Failed } else { RecordState::Completed };
             let keep = entry.retention.response;
-            batch.push_str(&format!(
+            // Writing to a String cannot fail.
+            let _ = write!(
+                batch,
                 "{comma}[\"{id}\",\"{state}\",{version},\"{fingerprint}\",{status},{keep},{forget}]",
                 comma = if n == 0 { "" } else { "," },
                 id = crate::hex::encode(entry.id.digest()),
@@ -177,7 +206,7 @@ impl<D: Dialect> Statements<D> {
                 status = entry.status.as_u16(),
                 keep = super::millis(keep),
                 forget = super::millis(keep.saturating_add(entry.retention.tombstone)),
-            ));
+            );
         }
         batch.push(']');
         let now = D::now_value();

@@ -182,32 +182,15 @@ impl Dialect for Pg {
         format!("{now} + ({ms}) * interval '1 millisecond'")
     }
 
-    // The batch's upsert over `jsonb_array_elements`: each record with the status only (a
-    // status-only answer's fields encode as no bytes), taking the place of a forgotten one.
+    // `jsonb_array_elements` over the array; `decode` turns the digests back into bytes.
     // (Migration 0006's `<table>_shadow` function, which wrote one record in the handler's own
     // transaction, is no longer called; it stays for the binaries of a rolling upgrade.)
-    fn shadow_batch_sql(table: &str, conflict_target: &str) -> String {
-        format!(
-            "INSERT INTO {table} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                                       response_status, response_headers, response_body, response_until, \
-                                       forget_at, created_at, updated_at) \
-             SELECT decode(e ->> 0, 'hex'), e ->> 1, (e ->> 2)::smallint, decode(e ->> 3, 'hex'), 0, \
-                    (e ->> 4)::smallint, ''::bytea, ''::bytea, \
-                    clock_timestamp() + (e ->> 5)::bigint * interval '1 millisecond', \
-                    clock_timestamp() + (e ->> 6)::bigint * interval '1 millisecond', \
-                    clock_timestamp(), clock_timestamp() \
-             FROM jsonb_array_elements($1::text::jsonb) AS e \
-             ON CONFLICT {conflict_target} DO UPDATE SET \
-                 state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
-                 fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
-                 response_status = excluded.response_status, response_headers = excluded.response_headers, \
-                 response_body = excluded.response_body, response_until = excluded.response_until, \
-                 forget_at = excluded.forget_at, created_at = excluded.created_at, \
-                 updated_at = excluded.updated_at, reexecutable = false, operation = NULL, \
-                 scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
-             WHERE r.forget_at <= clock_timestamp() \
-             RETURNING r.record_id",
-        )
+    fn shadow_rows() -> String {
+        "(SELECT decode(e ->> 0, 'hex') AS id, e ->> 1 AS state, (e ->> 2)::smallint AS version, \
+                 decode(e ->> 3, 'hex') AS fingerprint, (e ->> 4)::smallint AS status, \
+                 (e ->> 5)::bigint AS keep_ms, (e ->> 6)::bigint AS forget_ms, ''::bytea AS empty \
+          FROM jsonb_array_elements($1::text::jsonb) AS e)"
+            .into()
     }
 
     run_bound_statements!(Postgres);

@@ -164,27 +164,13 @@ impl Dialect for Lite {
         format!("{now} + ({ms})")
     }
 
-    // The batch's upsert over `json_each`: each record with the status only (a status-only
-    // answer's fields encode as no bytes), taking the place of a forgotten one.
-    fn shadow_batch_sql(table: &str, conflict_target: &str) -> String {
-        format!(
-            "INSERT INTO {table} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-                                       response_status, response_headers, response_body, response_until, \
-                                       forget_at, created_at, updated_at) \
-             SELECT unhex(e.value ->> '$[0]'), e.value ->> '$[1]', e.value ->> '$[2]', unhex(e.value ->> '$[3]'), \
-                    0, e.value ->> '$[4]', X'', X'', ?2 + (e.value ->> '$[5]'), ?2 + (e.value ->> '$[6]'), ?2, ?2 \
-             FROM json_each(?1) AS e WHERE true \
-             ON CONFLICT {conflict_target} DO UPDATE SET \
-                 state = excluded.state, fingerprint_version = excluded.fingerprint_version, \
-                 fingerprint = excluded.fingerprint, fencing_token = 0, lease_until = NULL, \
-                 response_status = excluded.response_status, response_headers = excluded.response_headers, \
-                 response_body = excluded.response_body, response_until = excluded.response_until, \
-                 forget_at = excluded.forget_at, created_at = excluded.created_at, \
-                 updated_at = excluded.updated_at, reexecutable = 0, operation = NULL, \
-                 scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
-             WHERE r.forget_at <= ?2 \
-             RETURNING record_id",
-        )
+    // `json_each` over the array; `unhex` turns the digests back into bytes.
+    fn shadow_rows() -> String {
+        "(SELECT unhex(e.value ->> '$[0]') AS id, e.value ->> '$[1]' AS state, e.value ->> '$[2]' AS version, \
+                 unhex(e.value ->> '$[3]') AS fingerprint, e.value ->> '$[4]' AS status, \
+                 e.value ->> '$[5]' AS keep_ms, e.value ->> '$[6]' AS forget_ms, X'' AS empty \
+          FROM json_each(?1) AS e)"
+            .into()
     }
 
     /// A busy write lock means the write never ran.
