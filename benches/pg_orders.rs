@@ -27,6 +27,8 @@
 //! and API servers scale out, this decides how many requests a cluster takes; throughput on one
 //! small box, where client, server and database share the CPUs, hides it. The CPU ratios are
 //! reported like the throughput ratios: overall, and the per-round median and range.
+//! `PG_ORDERS_PROFILE=<scenario>` (`atomic`, `floor`, ...) drives that scenario alone for 20 s after
+//! the warm-up, for a profiler attached to the server meanwhile (`perf record -a -g`), and stops.
 //! Run with `cargo bench --bench pg_orders --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server, default `postgres://postgres@127.0.0.1:5432/test`).
 
@@ -212,6 +214,15 @@ fn main() {
         ];
         for scenario in &scenarios {
             scenario.drive(WARM_UP).await;
+        }
+        // `PG_ORDERS_PROFILE=<scenario>`: drive that scenario alone for 20 s, for a profiler
+        // attached to the server meanwhile, and stop.
+        if let Ok(name) = std::env::var("PG_ORDERS_PROFILE") {
+            let scenario = scenarios.iter().find(|s| s.name == name).expect("PG_ORDERS_PROFILE names a scenario");
+            let requests = scenario.drive(Duration::from_secs(20)).await.len();
+            println!("{name}: {requests} requests in 20 s");
+            database.drop().await;
+            return;
         }
         // Rounds of one window per scenario, the order rotated each round, so that a slow
         // stretch of this shared machine falls on every scenario alike.

@@ -1,5 +1,5 @@
 //! The atomic path of [`PostgresStore`]: the claim that begins the handler's transaction, and
-//! the outcome written and committed in one round trip (see the module docs of `postgres`).
+//! the outcome written with a prepared INSERT and committed (see the module docs of `postgres`).
 
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::super::RecordRow;
 use super::super::claim::{self, Held};
+use super::super::dialect::{Arg, Bound};
 use super::super::tx::{ManagedTx, OpenTx, TxHandle};
 use super::super::{acquire_by, millis, unavailable};
 use super::{Pg, PgClaim, PostgresStore, record_row};
@@ -154,37 +155,30 @@ impl AtomicClaim {
             tx = self.reclaim().await?;
         }
         // The record is written once, with its outcome (atomic mode never commits a
-        // `processing` row), and committed in the same round trip. The primary key decides: if
-        // another record holds the identity, the INSERT fails, the COMMIT after it never runs,
-        // and the business write rolls back. The trailing BEGIN opens an empty transaction that
-        // matches sqlx's bookkeeping (it still counts one open); it is rolled back when the
-        // connection returns to the pool, in the same round trip as the pool's own check.
-        let statement = format!(
-            "{insert}; COMMIT; BEGIN",
-            insert = self.store.atomic.store_outcome_call(
-                &self.id,
-                state.as_str(),
-                &self.fingerprint,
-                &response,
-                self.retention,
-                &self.labels,
-            ),
+        // `processing` row), by a prepared INSERT, then committed. The primary key decides: if
+        // another record holds the identity, the INSERT fails, the COMMIT never runs, and the
+        // business write rolls back.
+        let insert = self.store.atomic.store_outcome(
+            &self.id,
+            state.as_str(),
+            &self.fingerprint,
+            &response,
+            self.retention,
+            &self.labels,
         );
-        match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
-            Ok(_) => Ok(()),
-            Err(error) => {
-                let lost = self.store.is_identity_conflict(&error);
-                tx.discard().await;
-                if lost {
-                    // Another request's record won: this execution's writes rolled back.
-                    Err(FinishError::ClaimLost)
-                } else {
-                    // The INSERT failed (nothing committed) or the COMMIT did (its fate is
-                    // unknown): either way a retry with the same key is safe.
-                    Err(FinishError::CommitUncertain(Box::new(error)))
-                }
-            }
+        if let Err(error) = Pg::execute(&mut tx, insert).await {
+            let lost = self.store.is_identity_conflict(&error);
+            tx.discard().await;
+            return Err(if lost {
+                // Another request's record won: this execution's writes rolled back.
+                FinishError::ClaimLost
+            } else {
+                // Nothing committed, but the cause is unknown: a retry with the same key is safe.
+                FinishError::CommitUncertain(Box::new(error))
+            });
         }
+        // A COMMIT that fails leaves its fate unknown: a retry with the same key is safe.
+        tx.commit().await.map_err(|error| FinishError::CommitUncertain(Box::new(error)))
     }
 
     /// Claims this identity again, in a new transaction, to store a failure: taking the
@@ -227,16 +221,16 @@ impl Drop for AtomicClaim {
     }
 }
 
-/// The statements of the atomic path, sent with the simple-query protocol (values written in
-/// as hex literals and numbers we produced, never client text), and what it checks errors by.
+/// The statements of the atomic path, and what it checks errors by: the claim and the read
+/// after a lost wait go with the simple-query protocol (values written in as hex literals and
+/// numbers we produced, never client text), so that BEGIN travels with the claim; the outcome's
+/// INSERT is prepared.
 #[derive(Debug)]
 pub(super) struct AtomicStatements {
     /// The read, for the simple-query protocol: `{id}` is replaced with a hex digest.
     read_template: String,
     /// The table, qualified.
     table: String,
-    /// The `_store` function, qualified.
-    store_function: String,
     /// The table's primary key constraint: a violation of it is another record's claim.
     primary_key: String,
     /// The table's bare name, and how many hash partitions it has (0: none), whose primary
@@ -245,6 +239,8 @@ pub(super) struct AtomicStatements {
     partitions: u16,
     /// The `_claim` function, qualified.
     claim_function: String,
+    /// The prepared INSERT of a record with its outcome.
+    store_insert: SqlStr,
 }
 
 impl AtomicStatements {
@@ -252,12 +248,20 @@ impl AtomicStatements {
         let t = format!("\"{schema}\".\"{table}\"");
         Self {
             read_template: format!("SELECT {columns} FROM {t} WHERE record_id = {}", bytea_literal("{id}")),
-            table: t,
-            store_function: format!("\"{schema}\".\"{table}_store\""),
             primary_key: format!("{table}_pkey"),
             bare_table: table.to_owned(),
             partitions: 0,
             claim_function: format!("\"{schema}\".\"{table}_claim\""),
+            store_insert: AssertSqlSafe(format!(
+                "INSERT INTO {t} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                     response_status, response_headers, response_body, response_until, forget_at, \
+                     operation, scope_digest, operation_id) \
+                 VALUES ($1, $2, $3, $4, 0, $5, $6, $7, {until}, {forget}, $10, $11, $12)",
+                until = Pg::plus_ms("clock_timestamp()", "$8"),
+                forget = Pg::plus_ms("clock_timestamp()", "$9"),
+            ))
+            .into_sql_str(),
+            table: t,
         }
     }
 
@@ -316,10 +320,10 @@ impl AtomicStatements {
         self.read_template.replace("{id}", &id.to_hex())
     }
 
-    /// Atomic: the call of the migration's `<table>_store` function, which inserts the record
-    /// with its outcome, for the simple-query protocol. Every value is written in as hex or a
-    /// number we produced; none is client text.
-    fn store_outcome_call(
+    /// Atomic: the prepared INSERT of the record with its outcome and labels (what the
+    /// migration's `<table>_store` function does, without the function call's parse, plan and
+    /// PL/pgSQL frame on every request).
+    fn store_outcome(
         &self,
         id: &RecordId,
         state: &'static str,
@@ -327,23 +331,23 @@ impl AtomicStatements {
         response: &StoredResponse,
         retention: Retention,
         (operation, scope): &(Option<String>, Option<[u8; 32]>),
-    ) -> String {
+    ) -> Bound {
         let keep = millis(retention.live_for(RecordState::parse(state).unwrap_or(RecordState::Completed)));
-        format!(
-            "SELECT {function}({id}, '{state}', {version}::smallint, {fp}, {status}::smallint, {fields}, {body}, \
-                 {keep}, {forget}, {operation}::text, {scope}::bytea, {operation_id})",
-            operation = operation.as_deref().map_or_else(|| "NULL".to_owned(), text_literal),
-            scope = scope.map_or_else(|| "NULL".to_owned(), |digest| bytea_literal(&crate::hex::encode(&digest))),
-            operation_id = bytea_literal(&crate::hex::encode(&id.operation_id_bytes())),
-            function = self.store_function,
-            id = bytea_literal(&id.to_hex()),
-            version = fingerprint.version(),
-            fp = bytea_literal(&fingerprint.to_hex()),
-            status = response.status.as_u16(),
-            fields = bytea_literal(&crate::hex::encode(&response.encode_fields())),
-            body = bytea_literal(&crate::hex::encode(&response.body)),
-            forget = keep.saturating_add(millis(retention.tombstone)),
-        )
+        let args = vec![
+            Arg::Bytes(id.digest().to_vec()),
+            Arg::Text(state),
+            Arg::Small(i16::from(fingerprint.version())),
+            Arg::Bytes(fingerprint.digest().to_vec()),
+            Arg::Small(response.status.as_u16() as i16),
+            Arg::Bytes(response.encode_fields()),
+            Arg::Bytes(response.body.to_vec()),
+            Arg::Int(Some(keep)),
+            Arg::Int(Some(keep.saturating_add(millis(retention.tombstone)))),
+            Arg::OptText(operation.clone()),
+            Arg::OptBytes(scope.map(|digest| digest.to_vec())),
+            Arg::Bytes(id.operation_id_bytes().to_vec()),
+        ];
+        Bound::new(&self.store_insert, args, None)
     }
 }
 
@@ -352,13 +356,6 @@ impl AtomicStatements {
 /// as it is (a `decode(..)` call would cost a function lookup on every statement).
 fn bytea_literal(hex: &str) -> String {
     format!("E'\\\\x{hex}'::bytea")
-}
-
-/// A text literal for the simple-query protocol: an escape string with its backslashes and
-/// quotes doubled, which reads the same whatever `standard_conforming_strings` says (the text
-/// is an operation name, which has no NUL: see `kept_operation`).
-fn text_literal(text: &str) -> String {
-    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// The advisory lock key of an identity: the first eight bytes of its digest.

@@ -25,13 +25,18 @@
 //!    the read found forgotten (or a dead lease, on a re-executable route) is deleted here,
 //!    under the lock, in the same round trip.
 //! 3. The handler's own statements, on the transaction's connection ([`TxHandle`](crate::tx::TxHandle)).
-//! 4. The record, written once with its outcome by the migration's `<table>_store` function (a
-//!    plain INSERT, planned once per session), and `COMMIT`, in one round trip. Atomic mode
-//!    never commits a `processing` row. The primary key decides here: if another record holds
-//!    the identity, the INSERT fails, the COMMIT does not run and the business write rolls back.
+//! 4. The record, written once with its outcome by a prepared INSERT (parsed and planned once
+//!    per connection, its values bound in binary), then `COMMIT`. Atomic mode never commits a
+//!    `processing` row. The primary key decides here: if another record holds the identity, the
+//!    INSERT fails, the COMMIT does not run and the business write rolls back. (Migrations 1 and
+//!    3's `<table>_store` functions, which did this write in one round trip with the COMMIT, are
+//!    no longer called: their call, a statement of literals parsed and planned on every request,
+//!    cost PostgreSQL more than the round trip it saved. They stay for the binaries of a rolling
+//!    upgrade.)
 //!
-//! Against a bare `BEGIN; INSERT; COMMIT` this costs one more round trip (the read), a lock, an
-//! index probe and the record's row; `benches/pg_orders.rs` measures what that comes to.
+//! Against a bare `BEGIN; INSERT; COMMIT` this costs two more round trips (the read and the
+//! record's INSERT), a lock, an index probe and the record's row; `benches/pg_orders.rs`
+//! measures what that comes to.
 //!
 //! At READ COMMITTED (PostgreSQL's default) step 2 sees a record committed while it waited. At
 //! REPEATABLE READ or SERIALIZABLE its snapshot predates the wait, so a duplicate may run the
