@@ -4,8 +4,15 @@
 //!
 //! - `first/pg`, `first/fast`: first executions (every request a new key), without and with the
 //!   fast path. The fast path's cost: one script call before the claim, one after the commit.
-//!   The two are measured in turns (pg, fast, fast, pg) so that a drift of the machine or the
-//!   table's growth weighs on both alike.
+//!   The three first-execution scenarios (with `first/floor`, below) are measured in turns,
+//!   the order rotated each round, so that a drift of the machine or the table's growth weighs
+//!   on all alike.
+//! - `first/floor`: first executions without the fast path, each wrapped in the least that any
+//!   Redis lock in front of the database costs: two plain commands, `SET <lock> <value> NX PX`
+//!   before the request and `DEL <lock>` after it, one round trip each, no script, no cache
+//!   write. `first/floor / first/pg` bounds what `first/fast / first/pg` can reach on this
+//!   machine, where the bench process, PostgreSQL and Redis share the CPUs: each round trip
+//!   costs CPU on both ends, and throughput here follows CPU.
 //! - `replay/pg`, `replay/fast`: every request a retry of a completed key, answered from
 //!   PostgreSQL (the store's read-first lookup) or from Redis.
 //!
@@ -29,14 +36,14 @@ use std::time::{Duration, Instant};
 
 use bench_db::BenchDatabase;
 use http_load::KeyOf;
-use orders_app::{BODY, serve};
+use orders_app::{BODY, serve, serve_wrapped};
 use tower_idempotency::{FastPath, IdempotencyLayer, PostgresStore};
 
 const CONCURRENCY: usize = 32;
 const WARM_UP: Duration = Duration::from_secs(1);
 const MEASURE: Duration = Duration::from_secs(3);
-/// First executions: pairs of short runs, without and with the fast path, in alternating order,
-/// so that the machine's noise (other builds, other tests) weighs on both alike.
+/// First executions: rounds of short runs of the three first-execution scenarios, the order rotated,
+/// so that the machine's noise (other builds, other tests) weighs on all alike.
 const ROUNDS: usize = 6;
 const ROUND_WARM_UP: Duration = Duration::from_millis(300);
 const ROUND_MEASURE: Duration = Duration::from_millis(1500);
@@ -160,36 +167,64 @@ fn main() {
         let unique = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{n}")) };
         let replay = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{}", n % REPLAYED_KEYS)) };
 
-        // First executions, in pairs of short runs: pg then fast, fast then pg, ...
+        // The floor: two plain commands around each request, on a connection of its own.
+        let floor_redis =
+            redis::Client::open(redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let floor_prefix = format!("{prefix}:floor");
+        let with_floor = serve_wrapped(pool.clone(), Some(IdempotencyLayer::new(store.clone())), move |router| {
+            router.layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let (mut redis, lock_prefix) = (floor_redis.clone(), floor_prefix.clone());
+                    async move {
+                        let key = request.headers().get("idempotency-key").and_then(|k| k.to_str().ok()).unwrap_or("");
+                        let lock = format!("{lock_prefix}:{{{key}}}:l");
+                        let _: Option<String> = redis::cmd("SET")
+                            .arg(&lock)
+                            .arg("0123456789abcdef")
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(30_000)
+                            .query_async(&mut redis)
+                            .await
+                            .expect("SET NX PX");
+                        let response = next.run(request).await;
+                        let _: i64 = redis::cmd("DEL").arg(&lock).query_async(&mut redis).await.expect("DEL");
+                        response
+                    }
+                },
+            ))
+        })
+        .await;
+
+        // First executions, in rounds of short runs of the three scenarios, the order rotated.
         let round = (ROUND_WARM_UP, ROUND_MEASURE);
-        let (mut first_pg, mut first_fast, mut ratios) = (None::<Measured>, None::<Measured>, Vec::new());
+        let floor_keys = Arc::new(AtomicU64::new(0));
+        let mut first: [Option<Measured>; 3] = [None, None, None];
+        let (mut ratios, mut floor_ratios) = (Vec::new(), Vec::new());
         for n in 0..ROUNDS {
-            let first = |fast: bool| {
-                let (name, addr, keys, prefix) = match fast {
-                    false => ("first/pg", plain, pg_keys.clone(), "pg"),
-                    true => ("first/fast", with_fast, fast_keys.clone(), "fast"),
+            let mut runs: [Option<Measured>; 3] = [None, None, None];
+            for step in 0..3 {
+                let which = (step + n) % 3;
+                let (name, addr, keys, prefix) = match which {
+                    0 => ("first/pg", plain, pg_keys.clone(), "pg"),
+                    1 => ("first/fast", with_fast, fast_keys.clone(), "fast"),
+                    _ => ("first/floor", with_floor, floor_keys.clone(), "floor"),
                 };
-                load(name, addr, keys, unique(prefix), redis_pid, round)
-            };
-            let (pg, fast) = if n % 2 == 0 {
-                let pg = first(false).await;
-                (pg, first(true).await)
-            } else {
-                let fast = first(true).await;
-                (first(false).await, fast)
-            };
+                runs[which] = Some(load(name, addr, keys, unique(prefix), redis_pid, round).await);
+            }
+            let [pg, fast, floor] = runs.map(|run| run.expect("each scenario ran"));
             ratios.push(fast.throughput() / pg.throughput());
-            first_pg = Some(match first_pg.take() {
-                Some(all) => all.merge(pg),
-                None => pg,
-            });
-            first_fast = Some(match first_fast.take() {
-                Some(all) => all.merge(fast),
-                None => fast,
-            });
+            floor_ratios.push(floor.throughput() / pg.throughput());
+            for (all, run) in first.iter_mut().zip([pg, fast, floor]) {
+                *all = Some(match all.take() {
+                    Some(all) => all.merge(run),
+                    None => run,
+                });
+            }
         }
-        let (first_pg, first_fast) = (first_pg.expect("rounds"), first_fast.expect("rounds"));
+        let [first_pg, first_fast, first_floor] = first.map(|all| all.expect("rounds"));
         ratios.sort_by(f64::total_cmp);
+        floor_ratios.sort_by(f64::total_cmp);
         let misses_before = fast.stats().misses;
         // Replays of keys the first scenarios completed (the fast path's are in Redis).
         let replay_pg =
@@ -207,7 +242,7 @@ fn main() {
             "{:<12} {:>10} {:>12} {:>10} {:>10}   CPU µs/request: bench process + PostgreSQL + Redis",
             "scenario", "requests", "req/s", "p50", "p99"
         );
-        let results = [&first_pg, &first_fast, &replay_pg, &replay_fast];
+        let results = [&first_pg, &first_fast, &first_floor, &replay_pg, &replay_fast];
         for m in results {
             let [own, postgres, redis] = m.cpu_per_request();
             println!(
@@ -226,7 +261,7 @@ fn main() {
             replay_pg.at(0.50).as_secs_f64() / replay_fast.at(0.50).as_secs_f64()
         );
         println!(
-            "first/fast / first/pg   : {:.2}x throughput (median of the {ROUNDS} pairs {:.2}x, range {:.2}x..{:.2}x), \
+            "first/fast / first/pg   : {:.2}x throughput (median of the {ROUNDS} rounds {:.2}x, range {:.2}x..{:.2}x), \
              {:+.1}% p50 (aim: the fast path costs < 10%, >= 0.90x)",
             first_fast.throughput() / first_pg.throughput(),
             (ratios[(ROUNDS - 1) / 2] + ratios[ROUNDS / 2]) / 2.0,
@@ -234,6 +269,16 @@ fn main() {
             ratios[ROUNDS - 1],
             (first_fast.at(0.50).as_secs_f64() / first_pg.at(0.50).as_secs_f64() - 1.0) * 100.0
         );
+        let median = |ratios: &[f64]| (ratios[(ROUNDS - 1) / 2] + ratios[ROUNDS / 2]) / 2.0;
+        println!(
+            "first/floor / first/pg  : {:.2}x throughput (median of the {ROUNDS} rounds {:.2}x, range {:.2}x..{:.2}x): \
+             two plain Redis round trips alone",
+            first_floor.throughput() / first_pg.throughput(),
+            median(&floor_ratios),
+            floor_ratios[0],
+            floor_ratios[ROUNDS - 1],
+        );
+        println!("first/fast / first/floor: {:.2}x throughput", first_fast.throughput() / first_floor.throughput());
         println!(
             "fast path: replays that missed Redis: {} (warm-up included); {stats:?}",
             stats.misses - misses_before

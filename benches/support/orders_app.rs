@@ -115,11 +115,22 @@ async fn authenticate(mut request: Request<Body>, next: axum::middleware::Next) 
 
 /// Serves `POST /orders` on a loopback port, behind `layer` if there is one; its address.
 pub async fn serve<S: Store>(pool: PgPool, layer: Option<IdempotencyLayer<S>>) -> std::net::SocketAddr {
+    serve_wrapped(pool, layer, |router| router).await
+}
+
+/// [`serve`], with `wrap` laid around the whole app (outside the layer), for a benchmark's own
+/// middleware.
+pub async fn serve_wrapped<S: Store>(
+    pool: PgPool,
+    layer: Option<IdempotencyLayer<S>>,
+    wrap: impl FnOnce(Router) -> Router,
+) -> std::net::SocketAddr {
     let route = match layer {
         Some(layer) => post(create_order).layer(layer),
         None => post(create_order),
     };
-    listen(Router::new().route("/orders", route).layer(axum::middleware::from_fn(authenticate)).with_state(pool)).await
+    let app = Router::new().route("/orders", route).layer(axum::middleware::from_fn(authenticate)).with_state(pool);
+    listen(wrap(app)).await
 }
 
 /// Creates the floor's records table and serves the floor's `POST /orders` (no layer; the
