@@ -1,5 +1,5 @@
 //! A database of the benchmark's own on the PostgreSQL server, created at the start and dropped
-//! at the end, so a benchmark never sees another's rows.
+//! at the end (also when the benchmark panics), so a benchmark never sees another's rows.
 
 use sqlx::PgPool;
 
@@ -12,6 +12,8 @@ pub fn database_url() -> String {
 pub struct BenchDatabase {
     pub pool: PgPool,
     name: String,
+    /// Whether [`drop`](Self::drop) ran: else the database goes when the value does.
+    dropped: bool,
 }
 
 impl BenchDatabase {
@@ -26,7 +28,7 @@ impl BenchDatabase {
         admin.close().await;
         let url = format!("{}/{name}", &base[..base.rfind('/').expect("a database URL with a path")]);
         let pool = sqlx::postgres::PgPoolOptions::new().max_connections(max_connections).connect(&url).await;
-        Self { pool: pool.expect("connect to the bench database"), name }
+        Self { pool: pool.expect("connect to the bench database"), name, dropped: false }
     }
 
     /// The database's name.
@@ -36,10 +38,38 @@ impl BenchDatabase {
     }
 
     /// Closes the pool and drops the database.
-    pub async fn drop(self) {
+    pub async fn drop(mut self) {
         self.pool.close().await;
-        let admin = PgPool::connect(&database_url()).await.expect("PostgreSQL must be running");
-        let statement = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
-        sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&admin).await.expect("drop the bench database");
+        drop_database(&self.name).await.expect("drop the bench database");
+        self.dropped = true;
     }
+}
+
+impl Drop for BenchDatabase {
+    /// A benchmark that panics, or returns before [`drop`](BenchDatabase::drop), still drops
+    /// its database: from a thread and runtime of its own, since this may run while the
+    /// benchmark's runtime unwinds.
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let name = self.name.clone();
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(drop_database(&name)).map_err(std::io::Error::other)
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop the bench database {}: drop it by hand", self.name);
+        }
+    }
+}
+
+/// Drops the database `name`, closing whatever connections it still has.
+async fn drop_database(name: &str) -> Result<(), sqlx::Error> {
+    let admin = PgPool::connect(&database_url()).await?;
+    let statement = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+    sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&admin).await?;
+    admin.close().await;
+    Ok(())
 }
