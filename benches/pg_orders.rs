@@ -55,6 +55,8 @@ const CONCURRENCY: usize = 32;
 const WARM_UP: Duration = Duration::from_secs(2);
 /// One measured window; each scenario gets one per round.
 const MEASURE: Duration = Duration::from_secs(3);
+/// How long `PG_ORDERS_PROFILE` drives its scenario.
+const PROFILE: Duration = Duration::from_secs(20);
 /// Rounds, unless `PG_ORDERS_ROUNDS` says otherwise.
 const ROUNDS: usize = 5;
 const POOL: u32 = 40;
@@ -215,12 +217,12 @@ fn main() {
         for scenario in &scenarios {
             scenario.drive(WARM_UP).await;
         }
-        // `PG_ORDERS_PROFILE=<scenario>`: drive that scenario alone for 20 s, for a profiler
-        // attached to the server meanwhile, and stop.
+        // `PG_ORDERS_PROFILE=<scenario>`: drive that scenario alone, for a profiler attached to
+        // the server meanwhile, and stop.
         if let Ok(name) = std::env::var("PG_ORDERS_PROFILE") {
             let scenario = scenarios.iter().find(|s| s.name == name).expect("PG_ORDERS_PROFILE names a scenario");
-            let requests = scenario.drive(Duration::from_secs(20)).await.len();
-            println!("{name}: {requests} requests in 20 s");
+            let requests = scenario.drive(PROFILE).await.len();
+            println!("{name}: {requests} requests in {PROFILE:?}");
             database.drop().await;
             return;
         }

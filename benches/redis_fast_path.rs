@@ -225,6 +225,7 @@ fn main() {
         let [first_pg, first_fast, first_floor] = first.map(|all| all.expect("rounds"));
         ratios.sort_by(f64::total_cmp);
         floor_ratios.sort_by(f64::total_cmp);
+        let median = |ratios: &[f64]| (ratios[(ROUNDS - 1) / 2] + ratios[ROUNDS / 2]) / 2.0;
         let misses_before = fast.stats().misses;
         // Replays of keys the first scenarios completed (the fast path's are in Redis).
         let replay_pg =
@@ -264,12 +265,11 @@ fn main() {
             "first/fast / first/pg   : {:.2}x throughput (median of the {ROUNDS} rounds {:.2}x, range {:.2}x..{:.2}x), \
              {:+.1}% p50 (aim: the fast path costs < 10%, >= 0.90x)",
             first_fast.throughput() / first_pg.throughput(),
-            (ratios[(ROUNDS - 1) / 2] + ratios[ROUNDS / 2]) / 2.0,
+            median(&ratios),
             ratios[0],
             ratios[ROUNDS - 1],
             (first_fast.at(0.50).as_secs_f64() / first_pg.at(0.50).as_secs_f64() - 1.0) * 100.0
         );
-        let median = |ratios: &[f64]| (ratios[(ROUNDS - 1) / 2] + ratios[ROUNDS / 2]) / 2.0;
         println!(
             "first/floor / first/pg  : {:.2}x throughput (median of the {ROUNDS} rounds {:.2}x, range {:.2}x..{:.2}x): \
              two plain Redis round trips alone",

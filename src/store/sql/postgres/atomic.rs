@@ -160,7 +160,7 @@ impl AtomicClaim {
         // business write rolls back.
         let insert = self.store.atomic.store_outcome(
             &self.id,
-            state.as_str(),
+            state,
             &self.fingerprint,
             &response,
             self.retention,
@@ -326,16 +326,16 @@ impl AtomicStatements {
     fn store_outcome(
         &self,
         id: &RecordId,
-        state: &'static str,
+        state: RecordState,
         fingerprint: &Fingerprint,
         response: &StoredResponse,
         retention: Retention,
         (operation, scope): &(Option<String>, Option<[u8; 32]>),
     ) -> Bound {
-        let keep = millis(retention.live_for(RecordState::parse(state).unwrap_or(RecordState::Completed)));
+        let keep = millis(retention.live_for(state));
         let args = vec![
             Arg::Bytes(id.digest().to_vec()),
-            Arg::Text(state),
+            Arg::Text(state.as_str()),
             Arg::Small(i16::from(fingerprint.version())),
             Arg::Bytes(fingerprint.digest().to_vec()),
             Arg::Small(response.status.as_u16() as i16),
