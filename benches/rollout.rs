@@ -2,7 +2,7 @@
 //! against what recording every request in its own transaction would cost.
 //!
 //! The route is an atomic handler: it takes the `TxHandle` and inserts an order through it.
-//! Three set-ups, each with a fresh key per request:
+//! Three set-ups, each with a fresh key per request (and on SQLite a fourth, below):
 //!
 //! - `off`: the layer in `Off`: the handler gets the store's plain transaction.
 //! - `shadow`: the layer in `Shadow`: it also buffers the body and computes the fingerprint,
@@ -14,12 +14,16 @@
 //!   transaction: what writing the record on the request's path would cost it (the design the
 //!   log replaced).
 //!
+//! - `shadow-own-file` (SQLite only): `shadow`, with shadow mode's records in a second SQLite
+//!   file ([`IdempotencyLayer::shadow_store`]): its batches take that file's write lock, never
+//!   the one the orders' INSERTs need.
+//!
 //! SQLite runs twice, in WAL mode: with `synchronous = NORMAL` (no fsync at COMMIT), then with
 //! `synchronous = FULL`, as the reference service runs it.
 //!
 //! One client sends requests one after another through the router (no sockets). Each round
-//! measures the three for `WINDOW` each, in rotated order; it prints the mean latency of each
-//! and the per-round ratios `shadow / off` and `in-commit / off` (median and range). Run with
+//! measures each set-up for `WINDOW`, in rotated order; it prints the mean latency of each and
+//! the per-round ratio of each to `off` (median and range). Run with
 //! `cargo bench --all-features --bench rollout` (PostgreSQL must be running; `DATABASE_URL`
 //! overrides the server). `ROLLOUT_ROUNDS` sets the rounds (default 5).
 
@@ -136,40 +140,43 @@ async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> (u64, Dura
     (count, started.elapsed())
 }
 
-/// `off`, `shadow` and `in-commit` in rotated order, `rounds` times; prints the result.
-async fn compare(name: &str, apps: [Router; 3], rounds: usize) {
+/// The set-ups in rotated order, `rounds` times; prints each one's mean latency and, per
+/// round, its ratio to the first (`off`).
+async fn compare(name: &str, apps: Vec<(&str, Router)>, rounds: usize) {
     let keys = AtomicU64::new(0);
-    for app in &apps {
+    for (_, app) in &apps {
         measure(app, &keys, WARM_UP).await;
     }
-    let mut totals = [(0u64, Duration::ZERO); 3];
-    let (mut shadow_off, mut in_commit_off) = (Vec::new(), Vec::new());
+    let n = apps.len();
+    let mut totals = vec![(0u64, Duration::ZERO); n];
+    let mut ratios = vec![Vec::new(); n];
     for round in 0..rounds {
-        let mut means = [0.0f64; 3];
-        for step in 0..3 {
-            let index = (step + round) % 3;
-            let (count, took) = measure(&apps[index], &keys, WINDOW).await;
+        let mut means = vec![0.0f64; n];
+        for step in 0..n {
+            let index = (step + round) % n;
+            let (count, took) = measure(&apps[index].1, &keys, WINDOW).await;
             means[index] = took.as_secs_f64() / count as f64;
             totals[index].0 += count;
             totals[index].1 += took;
         }
-        shadow_off.push(means[1] / means[0]);
-        in_commit_off.push(means[2] / means[0]);
+        for (index, mean) in means.iter().enumerate() {
+            ratios[index].push(mean / means[0]);
+        }
     }
     let summary = |ratios: &mut Vec<f64>| {
         ratios.sort_by(f64::total_cmp);
         format!("median {:.3} (range {:.3}–{:.3})", ratios[ratios.len() / 2], ratios[0], ratios[ratios.len() - 1])
     };
     let mean = |(count, took): (u64, Duration)| took.as_secs_f64() * 1e6 / count as f64;
-    println!(
-        "{name}: off {:.1} µs/request, shadow {:.1} µs/request, in-commit {:.1} µs/request; \
-         per round, shadow/off {}, in-commit/off {} ({rounds} rounds)",
-        mean(totals[0]),
-        mean(totals[1]),
-        mean(totals[2]),
-        summary(&mut shadow_off),
-        summary(&mut in_commit_off),
-    );
+    let latencies: Vec<String> =
+        apps.iter().zip(&totals).map(|((label, _), total)| format!("{label} {:.1} µs/request", mean(*total))).collect();
+    let per_round: Vec<String> = apps
+        .iter()
+        .zip(ratios.iter_mut())
+        .skip(1)
+        .map(|((label, _), ratios)| format!("{label}/off {}", summary(ratios)))
+        .collect();
+    println!("{name}: {}; per round, {} ({rounds} rounds)", latencies.join(", "), per_round.join(", "));
 }
 
 fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> IdempotencyLayer<St> {
@@ -185,7 +192,7 @@ fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> Idempote
 
 /// The three set-ups on `store`: `create` behind the layer in `Off` and in `Shadow`, and
 /// `in_commit` behind it in `Off`.
-fn apps<St, C, CT, I, IT>(store: St, create: C, in_commit: I) -> [Router; 3]
+fn apps<St, C, CT, I, IT>(store: St, create: C, in_commit: I) -> Vec<(&'static str, Router)>
 where
     St: tower_idempotency::Store,
     C: axum::handler::Handler<CT, ()>,
@@ -193,16 +200,20 @@ where
     CT: 'static,
     IT: 'static,
 {
-    [
-        Router::new().route("/orders", post(create.clone()).layer(layer(store.clone(), RolloutMode::Off))),
-        Router::new().route("/orders", post(create).layer(layer(store.clone(), RolloutMode::Shadow))),
-        Router::new().route("/orders", post(in_commit).layer(layer(store, RolloutMode::Off))),
+    vec![
+        ("off", Router::new().route("/orders", post(create.clone()).layer(layer(store.clone(), RolloutMode::Off)))),
+        ("shadow", Router::new().route("/orders", post(create).layer(layer(store.clone(), RolloutMode::Shadow)))),
+        ("in-commit", Router::new().route("/orders", post(in_commit).layer(layer(store, RolloutMode::Off)))),
     ]
 }
 
-/// `off`, `shadow` and `in-commit` on a SQLite file of their own with `synchronous`.
-async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
-    let path = std::env::temp_dir().join(format!("tidem_bench_rollout_{}.db", std::process::id()));
+/// A migrated [`SqliteStore`] on a file of the benchmark's own (`name`), in WAL mode with
+/// `synchronous`; its pool, and the file's path.
+async fn sqlite_store(
+    name: &str,
+    synchronous: SqliteSynchronous,
+) -> (SqliteStore, sqlx::SqlitePool, std::path::PathBuf) {
+    let path = std::env::temp_dir().join(format!("tidem_bench_rollout_{name}_{}.db", std::process::id()));
     let options = SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)
@@ -212,15 +223,30 @@ async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usiz
     let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await.expect("sqlite");
     let store = SqliteStore::new(pool.clone());
     store.migrate().await.expect("migrate");
+    (store, pool, path)
+}
+
+/// `off`, `shadow`, `in-commit` and `shadow, own file` on a SQLite file of their own with
+/// `synchronous`; the last records shadow mode's requests in a second file
+/// ([`IdempotencyLayer::shadow_store`]), so its batches never hold the orders' write lock.
+async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
+    let (store, pool, path) = sqlite_store("orders", synchronous).await;
+    let (shadow_store, shadow_pool, shadow_path) = sqlite_store("shadow", synchronous).await;
     sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
         .execute(&pool)
         .await
         .expect("orders");
+    let mut apps = apps(store.clone(), create_sqlite, in_commit_sqlite);
+    let apart = layer(store, RolloutMode::Shadow).shadow_store(shadow_store);
+    apps.push(("shadow-own-file", Router::new().route("/orders", post(create_sqlite).layer(apart))));
     // The routers go with it; the shadow log's writer records what is left and ends.
-    compare(name, apps(store, create_sqlite, in_commit_sqlite), rounds).await;
+    compare(name, apps, rounds).await;
     pool.close().await;
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    shadow_pool.close().await;
+    for path in [path, shadow_path] {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
     }
 }
 

@@ -37,6 +37,8 @@ use crate::store::{Retention, StaleLeasePolicy, Store};
 #[derive(Clone)]
 pub struct IdempotencyLayer<St> {
     store: St,
+    /// Where shadow mode records its requests, when not in `store` (see [`Self::shadow_store`]).
+    shadow_store: Option<St>,
     config: Config,
 }
 
@@ -46,7 +48,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// axum's `MatchedPath`, else method and path; 1 MiB body limits; 2 s in-flight wait;
     /// 24 h retention, 7 day tombstones; 422 on mismatch.
     pub fn new(store: St) -> Self {
-        Self { store, config: Config::default() }
+        Self { store, shadow_store: None, config: Config::default() }
     }
 
     /// The store behind this layer.
@@ -234,6 +236,43 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Where shadow mode records its requests (see [`rollout`](crate::rollout)): `store`, a
+    /// store of the same kind over another database, instead of the layer's own. The old path
+    /// (the handler's plain transaction, in `Off` and `Shadow`) and enforce mode stay on the
+    /// layer's store.
+    ///
+    /// It matters where the database has one writer. On SQLite, shadow mode's batches take the
+    /// database's write lock, which every business write of the old path also needs, so a
+    /// request that arrives while a batch is written waits for it; with shadow records in a
+    /// database file of their own, the two never wait for each other. Elsewhere it keeps the
+    /// validation's writes off the business database altogether.
+    ///
+    /// The shadow store is the caller's to migrate, and to purge (a
+    /// [`RecoveryWorker`](crate::recovery::RecoveryWorker) over it, or
+    /// [`Store::purge`](crate::store::Store::purge)), as the layer's own store is. Turning
+    /// enforcement on later never replays what shadow mode saw, wherever its records are: they
+    /// are kept under shadow identities ([`RecordId::shadow`](crate::RecordId::shadow)).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::{IdempotencyLayer, RolloutMode, RolloutSwitch, SqliteStore};
+    ///
+    /// let business = SqliteStore::new(sqlx::SqlitePool::connect("sqlite:app.db?mode=rwc").await?);
+    /// let shadow = SqliteStore::new(sqlx::SqlitePool::connect("sqlite:app-shadow.db?mode=rwc").await?);
+    /// business.migrate().await?;
+    /// shadow.migrate().await?;
+    /// let layer = IdempotencyLayer::new(business)
+    ///     .rollout(RolloutSwitch::new(RolloutMode::Shadow))
+    ///     .shadow_store(shadow);
+    /// # drop(layer); Ok(()) }
+    /// ```
+    pub fn shadow_store(mut self, store: St) -> Self {
+        self.shadow_store = Some(store);
+        // A log's writer records on one store: the clones this layer was made from keep theirs.
+        self.config.shadow_log = self.config.shadow_log.fresh();
+        self
+    }
+
     /// The gRPC methods this layer guards, by path: `/package.Service/Method` (a missing
     /// leading `/` is added). Feature `tonic`.
     ///
@@ -294,7 +333,9 @@ impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
     type Service = IdempotencyService<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, self.store.clone(), Arc::new(self.config.clone()), self.config.protocols())
+        let shadow_store = self.shadow_store.clone().unwrap_or_else(|| self.store.clone());
+        let config = Arc::new(self.config.clone());
+        IdempotencyService::new(inner, self.store.clone(), shadow_store, config, self.config.protocols())
     }
 }
 

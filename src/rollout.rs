@@ -23,7 +23,10 @@
 //!   for the layer's shadow log, whose writer task records the queued requests under their
 //!   shadow identities in batches, every 100 ms by default, with one call of the store
 //!   ([`Store::record_shadow`](crate::Store::record_shadow); on the SQL stores one statement),
-//!   off the requests' path ([`IdempotencyLayer::shadow_log`](crate::IdempotencyLayer::shadow_log)).
+//!   off the requests' path ([`IdempotencyLayer::shadow_log`](crate::IdempotencyLayer::shadow_log)),
+//!   in the layer's store or in one of its own
+//!   ([`IdempotencyLayer::shadow_store`](crate::IdempotencyLayer::shadow_store): on SQLite, a
+//!   second file keeps the batches off the write lock the old path's writes need).
 //!   What enforce mode would have done is counted in `idempotency_shadow_total` and logged at
 //!   debug once the batch is recorded. A store failure is counted (`store_unavailable`) and
 //!   changes nothing else: the handler's writes committed long before. One exception

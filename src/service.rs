@@ -43,13 +43,15 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 pub struct IdempotencyService<S, St> {
     inner: S,
     store: St,
+    /// Where shadow mode records its requests: `store`, unless the layer was given another.
+    shadow_store: St,
     config: Arc<Config>,
     protocols: Protocols,
 }
 
 impl<S, St> IdempotencyService<S, St> {
-    pub(crate) fn new(inner: S, store: St, config: Arc<Config>, protocols: Protocols) -> Self {
-        Self { inner, store, config, protocols }
+    pub(crate) fn new(inner: S, store: St, shadow_store: St, config: Arc<Config>, protocols: Protocols) -> Self {
+        Self { inner, store, shadow_store, config, protocols }
     }
 
     /// The wrapped service.
@@ -63,6 +65,7 @@ impl<S: Clone, St: Clone> Clone for IdempotencyService<S, St> {
         Self {
             inner: self.inner.clone(),
             store: self.store.clone(),
+            shadow_store: self.shadow_store.clone(),
             config: self.config.clone(),
             protocols: self.protocols.clone(),
         }
@@ -164,7 +167,7 @@ impl<S, St> IdempotencyService<S, St> {
                 Box::pin(enforced(guarded, timer, parts, body, key, scope, rebuild).instrument(span))
             }
             RolloutMode::Shadow => {
-                let log = self.config.shadow_log.clone();
+                let log = (self.config.shadow_log.clone(), self.shadow_store.clone());
                 Box::pin(shadow::shadow(guarded, log, parts, body, key, scope, rebuild).instrument(span))
             }
             _ => Box::pin(old(guarded, parts, body, key, scope).instrument(span)),

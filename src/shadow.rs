@@ -28,7 +28,7 @@ use crate::telemetry::RequestResult;
 /// cannot be handed on, so it is answered as enforce mode answers it.
 pub(crate) async fn shadow<S, St, ReqBody, ResBody>(
     mut guarded: Guarded<S, St>,
-    log: ShadowLog,
+    (log, records): (ShadowLog, St),
     parts: http::request::Parts,
     body: ReqBody,
     key: Result<Option<IdempotencyKey>, Problem>,
@@ -103,10 +103,10 @@ where
         // A released answer (or one too large to keep): enforce mode would store nothing.
         (OutcomeClass::Release, _) => count(RequestResult::Released),
         // A stored failure: its writes rolled back, and it is recorded as enforce mode stores it.
-        (OutcomeClass::Reject, _) => log.record(&guarded.store, queued(entry.as_failure())),
+        (OutcomeClass::Reject, _) => log.record(&records, queued(entry.as_failure())),
         // A complete answer, or one whose outcome is unknown: never an `unknown` record (a
         // shadow record is never reconciled, and must not count among the unknown ones).
-        _ => log.record(&guarded.store, queued(entry)),
+        _ => log.record(&records, queued(entry)),
     }
     Ok(response)
 }

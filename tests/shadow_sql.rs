@@ -2,7 +2,9 @@
 //! answers have left, by one statement on a connection of their own: what it counts (executed,
 //! replayed, key reused, a stored failure, a storm of duplicates), what it writes (a completed
 //! record with the status only, no body, no operation id), and that a failing shadow write
-//! never changes the answer nor loses the handler's committed write.
+//! never changes the answer nor loses the handler's committed write; and that a shadow store of
+//! its own ([`IdempotencyLayer::shadow_store`]) takes the records while the orders stay on the
+//! layer's store.
 #![cfg(all(feature = "axum", feature = "metrics", feature = "sqlite", feature = "postgres"))]
 
 mod support;
@@ -138,6 +140,38 @@ macro_rules! suite {
                 assert_eq!(replayed, DUPLICATES as u64 - 1, "enforce mode would have replayed every duplicate");
                 assert_eq!(recorded.get(&shadow("executed")), 1, "and executed the key once");
                 assert_eq!(count(&pool, "SELECT count(*) FROM idempotency_records").await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_shadow_store_of_its_own_takes_the_records_and_the_business_store_the_orders() {
+                let recorded = std::sync::Arc::new(Recorded::default());
+                let _guard = metrics::set_default_local_recorder(&*recorded);
+                let (store, records) = ($store, $store);
+                let (pool, records_pool) = (store.pool().clone(), records.pool().clone());
+                sqlx::raw_sql("CREATE TABLE orders (note text NOT NULL)").execute(&pool).await.expect("orders");
+                let switch = RolloutSwitch::new(RolloutMode::Shadow);
+                let layer = IdempotencyLayer::new(store)
+                    .operation("orders.create")
+                    .shared_scope("tenant")
+                    .rollout(switch.clone())
+                    .shadow_store(records);
+                let app = Router::new().route("/orders", post(create).layer(layer));
+
+                assert_eq!(send(&app, "k", "a").await, (StatusCode::CREATED, false));
+                assert_eq!(eventually(&recorded, &shadow("executed"), 1).await, 1, "{:?}", recorded.names());
+                assert_eq!(send(&app, "k", "a").await, (StatusCode::CREATED, false), "never replayed");
+                assert_eq!(eventually(&recorded, &shadow("replayed"), 1).await, 1, "the shadow store saw it");
+                assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 2, "the old path wrote both");
+                assert_eq!(count(&pool, "SELECT count(*) FROM idempotency_records").await, 0);
+                assert_eq!(count(&records_pool, "SELECT count(*) FROM idempotency_records").await, 1);
+
+                // Enforced, the key is new to the business store: it executes, then replays.
+                switch.set(RolloutMode::Enforce);
+                assert_eq!(send(&app, "k", "a").await, (StatusCode::CREATED, false));
+                assert_eq!(send(&app, "k", "a").await, (StatusCode::CREATED, true));
+                assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 3);
+                assert_eq!(count(&pool, "SELECT count(*) FROM idempotency_records").await, 1);
+                assert_eq!(count(&records_pool, "SELECT count(*) FROM idempotency_records").await, 1);
             }
 
             #[tokio::test]
