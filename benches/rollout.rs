@@ -208,11 +208,8 @@ where
 }
 
 /// A migrated [`SqliteStore`] on a file of the benchmark's own (`name`), in WAL mode with
-/// `synchronous`; its pool, and the file's path.
-async fn sqlite_store(
-    name: &str,
-    synchronous: SqliteSynchronous,
-) -> (SqliteStore, sqlx::SqlitePool, std::path::PathBuf) {
+/// `synchronous`, and the file's path.
+async fn sqlite_store(name: &str, synchronous: SqliteSynchronous) -> (SqliteStore, std::path::PathBuf) {
     let path = std::env::temp_dir().join(format!("tidem_bench_rollout_{name}_{}.db", std::process::id()));
     let options = SqliteConnectOptions::new()
         .filename(&path)
@@ -221,17 +218,18 @@ async fn sqlite_store(
         .synchronous(synchronous)
         .busy_timeout(Duration::from_secs(5));
     let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await.expect("sqlite");
-    let store = SqliteStore::new(pool.clone());
+    let store = SqliteStore::new(pool);
     store.migrate().await.expect("migrate");
-    (store, pool, path)
+    (store, path)
 }
 
-/// `off`, `shadow`, `in-commit` and `shadow, own file` on a SQLite file of their own with
+/// `off`, `shadow`, `in-commit` and `shadow-own-file` on a SQLite file of their own with
 /// `synchronous`; the last records shadow mode's requests in a second file
 /// ([`IdempotencyLayer::shadow_store`]), so its batches never hold the orders' write lock.
 async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
-    let (store, pool, path) = sqlite_store("orders", synchronous).await;
-    let (shadow_store, shadow_pool, shadow_path) = sqlite_store("shadow", synchronous).await;
+    let (store, path) = sqlite_store("orders", synchronous).await;
+    let (shadow_store, shadow_path) = sqlite_store("shadow", synchronous).await;
+    let (pool, shadow_pool) = (store.pool().clone(), shadow_store.pool().clone());
     sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
         .execute(&pool)
         .await

@@ -333,9 +333,9 @@ impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
     type Service = IdempotencyService<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let shadow_store = self.shadow_store.clone().unwrap_or_else(|| self.store.clone());
-        let config = Arc::new(self.config.clone());
-        IdempotencyService::new(inner, self.store.clone(), shadow_store, config, self.config.protocols())
+        let (store, shadow_store, config) =
+            (self.store.clone(), self.shadow_store.clone(), Arc::new(self.config.clone()));
+        IdempotencyService::new(inner, store, shadow_store, config, self.config.protocols())
     }
 }
 

@@ -43,14 +43,21 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 pub struct IdempotencyService<S, St> {
     inner: S,
     store: St,
-    /// Where shadow mode records its requests: `store`, unless the layer was given another.
-    shadow_store: St,
+    /// Where shadow mode records its requests, when not in `store`
+    /// ([`IdempotencyLayer::shadow_store`](crate::IdempotencyLayer::shadow_store)).
+    shadow_store: Option<St>,
     config: Arc<Config>,
     protocols: Protocols,
 }
 
 impl<S, St> IdempotencyService<S, St> {
-    pub(crate) fn new(inner: S, store: St, shadow_store: St, config: Arc<Config>, protocols: Protocols) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        store: St,
+        shadow_store: Option<St>,
+        config: Arc<Config>,
+        protocols: Protocols,
+    ) -> Self {
         Self { inner, store, shadow_store, config, protocols }
     }
 
@@ -167,7 +174,8 @@ impl<S, St> IdempotencyService<S, St> {
                 Box::pin(enforced(guarded, timer, parts, body, key, scope, rebuild).instrument(span))
             }
             RolloutMode::Shadow => {
-                let log = (self.config.shadow_log.clone(), self.shadow_store.clone());
+                let records = self.shadow_store.clone().unwrap_or_else(|| guarded.store.clone());
+                let log = (self.config.shadow_log.clone(), records);
                 Box::pin(shadow::shadow(guarded, log, parts, body, key, scope, rebuild).instrument(span))
             }
             _ => Box::pin(old(guarded, parts, body, key, scope).instrument(span)),

@@ -25,7 +25,8 @@ use crate::telemetry::RequestResult;
 
 /// The shadow path of one request. The answer is the old path's, always, with one exception: a
 /// body that cannot be read whole (over the limit without a `Content-Length`, broken, or late)
-/// cannot be handed on, so it is answered as enforce mode answers it.
+/// cannot be handed on, so it is answered as enforce mode answers it. What shadow mode
+/// records goes to `log`, to be written on `records` (the layer's store, or its shadow store).
 pub(crate) async fn shadow<S, St, ReqBody, ResBody>(
     mut guarded: Guarded<S, St>,
     (log, records): (ShadowLog, St),
