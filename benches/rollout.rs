@@ -2,7 +2,7 @@
 //! against what recording every request in its own transaction would cost.
 //!
 //! The route is an atomic handler: it takes the `TxHandle` and inserts an order through it.
-//! Three set-ups, each with a fresh key per request (and on SQLite a fourth, below):
+//! Four set-ups, each with a fresh key per request (and on SQLite a fifth, below):
 //!
 //! - `off`: the layer in `Off`: the handler gets the store's plain transaction.
 //! - `shadow`: the layer in `Shadow`: it also buffers the body and computes the fingerprint,
@@ -13,6 +13,11 @@
 //!   (the same table, with its indexes; a random 32-byte id) after its order, in the same
 //!   transaction: what writing the record on the request's path would cost it (the design the
 //!   log replaced).
+//! - `shadow-unwritten`: `shadow`, with a log whose writer does not write while the benchmark
+//!   runs (its interval outlasts the run; its queue holds every request). It is what shadow
+//!   mode adds on the request's path alone; `shadow` less `shadow-unwritten` is what the
+//!   records' writes cost the requests, on a machine whose cores the client, the server and
+//!   the database share.
 //!
 //! - `shadow-own-file` (SQLite only): `shadow`, with shadow mode's records in a second SQLite
 //!   file ([`IdempotencyLayer::shadow_store`]): its batches take that file's write lock, never
@@ -190,8 +195,8 @@ fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> Idempote
     }
 }
 
-/// The three set-ups on `store`: `create` behind the layer in `Off` and in `Shadow`, and
-/// `in_commit` behind it in `Off`.
+/// The four set-ups on `store`: `create` behind the layer in `Off`, in `Shadow`, and in
+/// `Shadow` with its records never written ([`unwritten`]); `in_commit` behind it in `Off`.
 fn apps<St, C, CT, I, IT>(store: St, create: C, in_commit: I) -> Vec<(&'static str, Router)>
 where
     St: tower_idempotency::Store,
@@ -202,9 +207,22 @@ where
 {
     vec![
         ("off", Router::new().route("/orders", post(create.clone()).layer(layer(store.clone(), RolloutMode::Off)))),
-        ("shadow", Router::new().route("/orders", post(create).layer(layer(store.clone(), RolloutMode::Shadow)))),
-        ("in-commit", Router::new().route("/orders", post(in_commit).layer(layer(store, RolloutMode::Off)))),
+        (
+            "shadow",
+            Router::new().route("/orders", post(create.clone()).layer(layer(store.clone(), RolloutMode::Shadow))),
+        ),
+        ("in-commit", Router::new().route("/orders", post(in_commit).layer(layer(store.clone(), RolloutMode::Off)))),
+        ("shadow-unwritten", Router::new().route("/orders", post(create).layer(unwritten(store)))),
     ]
+}
+
+/// Shadow mode whose writer does not write while the benchmark runs: its interval outlasts
+/// the run, and its queue holds every request of it. What shadow mode adds on the request's own
+/// path (the body buffered, the fingerprint, the request queued), without the database work of
+/// recording it, which `shadow` has on top: their difference is what the records' writes cost
+/// the requests when they share the machine's cores.
+fn unwritten<St: tower_idempotency::Store>(store: St) -> IdempotencyLayer<St> {
+    layer(store, RolloutMode::Shadow).shadow_log(Duration::from_secs(365 * 24 * 3600), 4_000_000)
 }
 
 /// A migrated [`SqliteStore`] on a file of the benchmark's own (`name`), in WAL mode with
@@ -223,7 +241,7 @@ async fn sqlite_store(name: &str, synchronous: SqliteSynchronous) -> (SqliteStor
     (store, path)
 }
 
-/// `off`, `shadow`, `in-commit` and `shadow-own-file` on a SQLite file of their own with
+/// `off`, `shadow`, `in-commit`, `shadow-unwritten` and `shadow-own-file` on a SQLite file of their own with
 /// `synchronous`; the last records shadow mode's requests in a second file
 /// ([`IdempotencyLayer::shadow_store`]), so its batches never hold the orders' write lock.
 async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
