@@ -216,13 +216,14 @@ where
     ]
 }
 
-/// Shadow mode whose writer does not write while the benchmark runs: its interval outlasts
-/// the run, and its queue holds every request of it. What shadow mode adds on the request's own
-/// path (the body buffered, the fingerprint, the request queued), without the database work of
-/// recording it, which `shadow` has on top: their difference is what the records' writes cost
-/// the requests when they share the machine's cores.
+/// An interval no run of the benchmark outlasts, and a queue no run of it fills.
+const UNWRITTEN_INTERVAL: Duration = Duration::from_secs(365 * 24 * 3600);
+const UNWRITTEN_CAPACITY: usize = 4_000_000;
+
+/// Shadow mode whose writer does not write while the benchmark runs: the `shadow-unwritten`
+/// set-up of the module docs.
 fn unwritten<St: tower_idempotency::Store>(store: St) -> IdempotencyLayer<St> {
-    layer(store, RolloutMode::Shadow).shadow_log(Duration::from_secs(365 * 24 * 3600), 4_000_000)
+    layer(store, RolloutMode::Shadow).shadow_log(UNWRITTEN_INTERVAL, UNWRITTEN_CAPACITY)
 }
 
 /// A migrated [`SqliteStore`] on a file of the benchmark's own (`name`), in WAL mode with
@@ -241,8 +242,8 @@ async fn sqlite_store(name: &str, synchronous: SqliteSynchronous) -> (SqliteStor
     (store, path)
 }
 
-/// `off`, `shadow`, `in-commit`, `shadow-unwritten` and `shadow-own-file` on a SQLite file of their own with
-/// `synchronous`; the last records shadow mode's requests in a second file
+/// `off`, `shadow`, `in-commit`, `shadow-unwritten` and `shadow-own-file` on a SQLite file of
+/// their own with `synchronous`; the last records shadow mode's requests in a second file
 /// ([`IdempotencyLayer::shadow_store`]), so its batches never hold the orders' write lock.
 async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
     let (store, path) = sqlite_store("orders", synchronous).await;
