@@ -32,9 +32,19 @@
 //! same without one: the metrics' share of the layer's own instructions, and of that the
 //! recorder's own code (its calls and its upkeep) apart from the layer's.
 //!
+//! With the `grpc-example` feature it also counts a unary gRPC call (the `Things/Create` echo of
+//! `benches/grpc_unary.rs`, through a real tonic client and server over loopback, both on the
+//! child's one thread): without the layer, through the layer with the method not named
+//! (passthrough), with a new key, and as a replay. Callgrind counts the process's own
+//! instructions, not the kernel's, so the socket's system calls, the same with the layer and
+//! without, are outside every count: the ratios overstate what the layer costs a call.
+//!
 //! Run with `cargo bench --bench instructions` (`--features metrics` for the metrics' share) (valgrind must be installed; without it the
 //! benchmark says so and measures nothing). It takes a few minutes.
 
+#[cfg(feature = "grpc-example")]
+#[path = "support/echo_things.rs"]
+mod echo_things;
 #[path = "support/json_order.rs"]
 mod json_order;
 
@@ -112,6 +122,8 @@ fn main() {
     );
     #[cfg(feature = "metrics")]
     metrics_share(&me, new_key_adds.all + bare.all, new_key_adds.all);
+    #[cfg(feature = "grpc-example")]
+    grpc::compare(&me, block);
 }
 
 /// The functions of a Prometheus recorder that the layer's metric calls run (a histogram's
@@ -174,9 +186,11 @@ impl Count {
 /// Instructions per request of `scenario` (only inside the functions `only` names, if any;
 /// none of them may call another).
 fn per_request(me: &std::path::Path, scenario: &str, only: &[&str]) -> f64 {
-    let low = collected(me, scenario, CALLS_LOW, only);
-    let high = collected(me, scenario, CALLS_HIGH, only);
-    (high as f64 - low as f64) / (CALLS_HIGH - CALLS_LOW) as f64
+    // A gRPC call costs a dozen times an in-process request: fewer of them.
+    let (low, high) =
+        if scenario.starts_with("grpc_") { (CALLS_LOW / 4, CALLS_HIGH / 4) } else { (CALLS_LOW, CALLS_HIGH) };
+    let (low_count, high_count) = (collected(me, scenario, low, only), collected(me, scenario, high, only));
+    (high_count as f64 - low_count as f64) / (high - low) as f64
 }
 
 /// The instructions callgrind collected over a child process running `calls` requests.
@@ -274,6 +288,8 @@ fn run(scenario: &str, calls: u64) {
             })
         }
         "floor" => floor(body, next_key),
+        #[cfg(feature = "grpc-example")]
+        grpc if grpc.starts_with("grpc_") => grpc::step(grpc, runtime),
         "sha256_block" => {
             let mut n = 0u8;
             // 55 bytes and the padding: one block.
@@ -306,4 +322,92 @@ fn floor(body: Bytes, mut next_key: impl FnMut() -> String + 'static) -> Box<dyn
         let print = fingerprint(&parts.method, &parts.uri, &parts.headers, &body, &spec);
         records.insert(id, (print, Bytes::copy_from_slice(&answer)));
     })
+}
+
+/// The gRPC scenarios (feature `grpc-example`).
+#[cfg(feature = "grpc-example")]
+mod grpc {
+    use std::net::SocketAddr;
+
+    use tonic::metadata::MetadataValue;
+    use tonic::transport::{Channel, Server};
+    use tower_idempotency::{IdempotencyLayer, MemoryStore};
+
+    use super::Count;
+    use super::echo_things::proto::CreateThing;
+    use super::echo_things::proto::things_client::ThingsClient;
+    use super::echo_things::proto::things_server::ThingsServer;
+    use super::echo_things::{Echo, authenticate};
+
+    const METHOD: &str = "/conformance.v1.Things/Create";
+
+    /// The scenarios, in the order of the table.
+    const SCENARIOS: [&str; 4] = ["grpc_bare", "grpc_passthrough", "grpc_new_key", "grpc_replay"];
+
+    /// Prints the gRPC table: each scenario's instructions per call, and its ratio to no layer.
+    pub(super) fn compare(me: &std::path::Path, block: f64) {
+        println!("gRPC unary call, instructions per call (client and server, one thread)");
+        println!("{:<18} {:>12} {:>14} {:>12} {:>10}", "scenario", "all", "outside SHA", "SHA blocks", "bare/this");
+        let mut bare = None;
+        for scenario in SCENARIOS {
+            let count = Count::of(me, scenario, block);
+            let bare = *bare.get_or_insert(count.all);
+            println!(
+                "{scenario:<18} {:>12.0} {:>14.0} {:>12.1} {:>10.3}",
+                count.all,
+                count.outside_sha(),
+                count.blocks,
+                bare / count.all
+            );
+        }
+    }
+
+    /// A tonic server on loopback, on the current runtime: without the layer (`guarded:
+    /// None`), or with it guarding `guarded`.
+    async fn server(guarded: Option<&'static str>) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let mut builder = Server::builder().layer(tonic::service::InterceptorLayer::new(authenticate));
+        match guarded {
+            None => {
+                let server = builder.add_service(ThingsServer::new(Echo)).serve_with_incoming(incoming);
+                tokio::spawn(async move { server.await.expect("server") });
+            }
+            Some(method) => {
+                let server = builder
+                    .layer(IdempotencyLayer::new(MemoryStore::new()).grpc_methods([method]).into_tonic())
+                    .add_service(ThingsServer::new(Echo))
+                    .serve_with_incoming(incoming);
+                tokio::spawn(async move { server.await.expect("server") });
+            }
+        }
+        addr
+    }
+
+    /// One call of `scenario` per step, on `runtime` (which also runs the server).
+    pub(super) fn step(scenario: &str, runtime: tokio::runtime::Runtime) -> Box<dyn FnMut()> {
+        let guarded = match scenario {
+            "grpc_bare" => None,
+            "grpc_passthrough" => Some("/conformance.v1.Things/Unguarded"),
+            "grpc_new_key" | "grpc_replay" => Some(METHOD),
+            other => panic!("no scenario {other}"),
+        };
+        let replay = scenario == "grpc_replay";
+        let client = runtime.block_on(async {
+            let addr = server(guarded).await;
+            let channel =
+                Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
+            ThingsClient::new(channel)
+        });
+        let mut n = 0u64;
+        Box::new(move || {
+            n += 1;
+            let key = if replay { "replayed-key".to_owned() } else { format!("key-{n}") };
+            let mut request = tonic::Request::new(CreateThing { name: "book-42".to_owned(), amount: 129_900 });
+            request.metadata_mut().insert("idempotency-key", MetadataValue::try_from(key).expect("key"));
+            let mut client = client.clone();
+            runtime.block_on(client.create(request)).expect("every call succeeds");
+        })
+    }
 }
