@@ -57,9 +57,12 @@ impl Admin for MemoryStore {
         let scope = scope.digest();
         let mut records = self.lock();
         let (now, wall_now) = (Instant::now(), SystemTime::now());
+        // The operation id is derived from the identity here, for the scope's records only,
+        // rather than kept with every record: a lookup is an operator's rare act, and a new key
+        // would otherwise pay two SHA-256 blocks for it.
         let found = records
             .iter_mut()
-            .find(|(_, entry)| entry.labels.operation_id == wanted && entry.labels.scope == Some(scope));
+            .find(|(id, entry)| entry.labels.scope == Some(scope) && id.operation_id_bytes() == wanted);
         Ok(found.and_then(|(id, entry)| entry.age(now).then(|| info(id, entry, now, wall_now))))
     }
 

@@ -146,7 +146,6 @@ struct Labels {
     updated: SystemTime,
     operation: Option<Arc<str>>,
     scope: Option<[u8; 32]>,
-    operation_id: [u8; 16],
     /// The claim declared its route re-executable: a dead lease is released, not marked.
     reexecutable: bool,
     /// Reconciler looks so far, and when the next one is due.
@@ -236,7 +235,6 @@ impl MemoryStore {
                 updated: created,
                 operation: super::admin::kept_operation(request.operation).map(Arc::from),
                 scope: request.scope.map(|scope| scope.digest()),
-                operation_id: request.id.operation_id_bytes(),
                 reexecutable: request.stale_lease == StaleLeasePolicy::Reexecute,
                 attempts: 0,
                 recheck_at: None,
