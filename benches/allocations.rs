@@ -29,14 +29,12 @@ use std::net::SocketAddr;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Server};
+use tonic::transport::Channel;
 use tower::{Layer, ServiceExt};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 use echo_things::proto::CreateThing;
 use echo_things::proto::things_client::ThingsClient;
-use echo_things::proto::things_server::ThingsServer;
-use echo_things::{Echo, authenticate};
 
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
@@ -112,29 +110,6 @@ async fn http_counts() -> Vec<Count> {
     vec![bare, new_key, replay]
 }
 
-/// A tonic server on loopback: without the layer (`guarded: None`), or with it guarding the
-/// named method.
-async fn grpc_server(guarded: Option<&'static str>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let mut builder = Server::builder().layer(tonic::service::InterceptorLayer::new(authenticate));
-    match guarded {
-        None => {
-            let server = builder.add_service(ThingsServer::new(Echo)).serve_with_incoming(incoming);
-            tokio::spawn(async move { server.await.expect("server") });
-        }
-        Some(method) => {
-            let server = builder
-                .layer(IdempotencyLayer::new(MemoryStore::new()).grpc_methods([method]).into_tonic())
-                .add_service(ThingsServer::new(Echo))
-                .serve_with_incoming(incoming);
-            tokio::spawn(async move { server.await.expect("server") });
-        }
-    }
-    addr
-}
-
 /// `count` for calls to `addr`, the key of call `n` made by `key_of`.
 async fn grpc_count(name: &'static str, addr: SocketAddr, key_of: fn(u64) -> String) -> Count {
     let channel = Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
@@ -151,9 +126,9 @@ async fn grpc_count(name: &'static str, addr: SocketAddr, key_of: fn(u64) -> Str
 }
 
 async fn grpc_counts() -> Vec<Count> {
-    let bare = grpc_server(None).await;
-    let passthrough = grpc_server(Some("/conformance.v1.Things/Unguarded")).await;
-    let guarded = grpc_server(Some(METHOD)).await;
+    let bare = echo_things::serve_in_memory(None).await;
+    let passthrough = echo_things::serve_in_memory(Some("/conformance.v1.Things/Unguarded")).await;
+    let guarded = echo_things::serve_in_memory(Some(METHOD)).await;
     vec![
         grpc_count("grpc bare", bare, |n| format!("key-{n}")).await,
         grpc_count("grpc passthrough", passthrough, |n| format!("key-{n}")).await,

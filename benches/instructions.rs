@@ -327,17 +327,13 @@ fn floor(body: Bytes, mut next_key: impl FnMut() -> String + 'static) -> Box<dyn
 /// The gRPC scenarios (feature `grpc-example`).
 #[cfg(feature = "grpc-example")]
 mod grpc {
-    use std::net::SocketAddr;
-
     use tonic::metadata::MetadataValue;
-    use tonic::transport::{Channel, Server};
-    use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    use tonic::transport::Channel;
 
     use super::Count;
     use super::echo_things::proto::CreateThing;
     use super::echo_things::proto::things_client::ThingsClient;
-    use super::echo_things::proto::things_server::ThingsServer;
-    use super::echo_things::{Echo, authenticate};
+    use super::echo_things::serve_in_memory;
 
     const METHOD: &str = "/conformance.v1.Things/Create";
 
@@ -362,29 +358,6 @@ mod grpc {
         }
     }
 
-    /// A tonic server on loopback, on the current runtime: without the layer (`guarded:
-    /// None`), or with it guarding `guarded`.
-    async fn server(guarded: Option<&'static str>) -> SocketAddr {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        let mut builder = Server::builder().layer(tonic::service::InterceptorLayer::new(authenticate));
-        match guarded {
-            None => {
-                let server = builder.add_service(ThingsServer::new(Echo)).serve_with_incoming(incoming);
-                tokio::spawn(async move { server.await.expect("server") });
-            }
-            Some(method) => {
-                let server = builder
-                    .layer(IdempotencyLayer::new(MemoryStore::new()).grpc_methods([method]).into_tonic())
-                    .add_service(ThingsServer::new(Echo))
-                    .serve_with_incoming(incoming);
-                tokio::spawn(async move { server.await.expect("server") });
-            }
-        }
-        addr
-    }
-
     /// One call of `scenario` per step, on `runtime` (which also runs the server).
     pub(super) fn step(scenario: &str, runtime: tokio::runtime::Runtime) -> Box<dyn FnMut()> {
         let guarded = match scenario {
@@ -395,7 +368,7 @@ mod grpc {
         };
         let replay = scenario == "grpc_replay";
         let client = runtime.block_on(async {
-            let addr = server(guarded).await;
+            let addr = serve_in_memory(guarded).await;
             let channel =
                 Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
             ThingsClient::new(channel)

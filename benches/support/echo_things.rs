@@ -4,14 +4,17 @@
 
 #![allow(dead_code)] // Each benchmark takes the parts it needs.
 
+use std::net::SocketAddr;
+
+use tonic::transport::Server;
 use tonic::{Request, Response, Status};
-use tower_idempotency::Scope;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
 
 pub mod proto {
     tonic::include_proto!("conformance.v1");
 }
 
-use proto::things_server::Things;
+use proto::things_server::{Things, ThingsServer};
 use proto::{CreateThing, Thing};
 
 /// `Create` echoes the message back; the other methods are not used.
@@ -46,4 +49,27 @@ impl Things for Echo {
 pub fn authenticate(mut request: Request<()>) -> Result<Request<()>, Status> {
     request.extensions_mut().insert(Scope::new("bench"));
     Ok(request)
+}
+
+/// A tonic server of [`Echo`] on loopback, on the current runtime, behind [`authenticate`]:
+/// without the layer (`guarded: None`), or with it over `MemoryStore` guarding the named method.
+pub async fn serve_in_memory(guarded: Option<&'static str>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let mut builder = Server::builder().layer(tonic::service::InterceptorLayer::new(authenticate));
+    match guarded {
+        None => {
+            let server = builder.add_service(ThingsServer::new(Echo)).serve_with_incoming(incoming);
+            tokio::spawn(async move { server.await.expect("server") });
+        }
+        Some(method) => {
+            let server = builder
+                .layer(IdempotencyLayer::new(MemoryStore::new()).grpc_methods([method]).into_tonic())
+                .add_service(ThingsServer::new(Echo))
+                .serve_with_incoming(incoming);
+            tokio::spawn(async move { server.await.expect("server") });
+        }
+    }
+    addr
 }
