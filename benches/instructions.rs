@@ -28,7 +28,9 @@
 //! blocks hashed.
 //!
 //! With the `metrics` feature it also counts a new key with a Prometheus recorder installed
-//! (`metrics-exporter-prometheus`, its samples drained every thousand requests), against the
+//! (`metrics-exporter-prometheus`, its samples drained every thousand requests: with the
+//! reference service's histogram buckets, then with the exporter's default summaries), against
+//! the
 //! same without one: the metrics' share of the layer's own instructions, and of that the
 //! recorder's own code (its calls and its upkeep) apart from the layer's.
 //!
@@ -47,6 +49,9 @@
 mod echo_things;
 #[path = "support/json_order.rs"]
 mod json_order;
+#[cfg(feature = "metrics")]
+#[path = "support/prometheus.rs"]
+mod prometheus;
 
 use std::process::Command;
 
@@ -140,20 +145,26 @@ const EXPORTER: [&str; 3] = [
 const UPKEEP: u64 = 1_000;
 
 /// The metrics' share of the layer's own instructions: a new key with a Prometheus recorder
-/// installed against `new_key` (no recorder: every metric a no-op), of which `overhead` is the
-/// layer's; and how much of the difference is the recorder's own code.
+/// installed (with buckets, then with summaries) against `new_key` (no recorder: every metric a
+/// no-op), of which `overhead` is the layer's; and how much of the difference is the
+/// recorder's own code.
 #[cfg(feature = "metrics")]
 fn metrics_share(me: &std::path::Path, new_key: f64, overhead: f64) {
-    let recorded = per_request(me, "new_key_recorded", &[]);
-    let exporter = per_request(me, "new_key_recorded", &EXPORTER);
-    let metrics = recorded - new_key;
-    println!(
-        "metrics: a new key with a Prometheus recorder {recorded:.0}, without {new_key:.0}: +{metrics:.0} = {:.1}% of the layer's {overhead:.0}; of them the recorder's own calls and upkeep {exporter:.0} ({:.1}%), the rest {:.0} ({:.1}%)",
-        100.0 * metrics / overhead,
-        100.0 * exporter / overhead,
-        metrics - exporter,
-        100.0 * (metrics - exporter) / overhead,
-    );
+    for (scenario, recorder) in [
+        ("new_key_recorded", "the reference service's buckets"),
+        ("new_key_summaries", "the exporter's default summaries"),
+    ] {
+        let recorded = per_request(me, scenario, &[]);
+        let exporter = per_request(me, scenario, &EXPORTER);
+        let metrics = recorded - new_key;
+        println!(
+            "metrics ({recorder}): a new key with a Prometheus recorder {recorded:.0}, without {new_key:.0}: +{metrics:.0} = {:.1}% of the layer's {overhead:.0}; of them the recorder's own calls and upkeep {exporter:.0} ({:.1}%), the rest {:.0} ({:.1}%)",
+            100.0 * metrics / overhead,
+            100.0 * exporter / overhead,
+            metrics - exporter,
+            100.0 * (metrics - exporter) / overhead,
+        );
+    }
 }
 
 /// One scenario's instructions per request.
@@ -266,10 +277,12 @@ fn run(scenario: &str, calls: u64) {
             })
         }
         #[cfg(feature = "metrics")]
-        "new_key_recorded" => {
-            // A Prometheus recorder, installed for the whole process; its samples drained every
-            // `UPKEEP` requests, as a scrape or the exporter's upkeep would.
-            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        recorded @ ("new_key_recorded" | "new_key_summaries") => {
+            // A Prometheus recorder (the reference service's buckets, or the exporter's default
+            // summaries), installed for the whole process; its samples drained every `UPKEEP`
+            // requests, as a scrape or the exporter's upkeep would.
+            let recorder =
+                if recorded == "new_key_recorded" { prometheus::bucketed() } else { prometheus::summaries() };
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).expect("the only recorder");
             let guarded = guarded();

@@ -11,8 +11,8 @@
 //!   copy of the answer. `(layer/new_key - bare) / floor` is the layer's cost against the least
 //!   it could cost;
 //! - with the `metrics` feature, `layer/new_key/recorder` and `layer/replay/recorder`: the same,
-//!   with a Prometheus recorder (`metrics-exporter-prometheus`) installed, so every metric the
-//!   layer emits is recorded. `(recorder - layer) / (layer - bare)` is the metrics' share of the
+//!   with a Prometheus recorder (`metrics-exporter-prometheus`, with the reference service's
+//!   histogram buckets) installed, so every metric the layer emits is recorded. `(recorder - layer) / (layer - bare)` is the metrics' share of the
 //!   layer's own overhead.
 //!
 //! Run with `cargo bench --bench layer` (and `--features metrics` for the recorder's cost);
@@ -20,6 +20,9 @@
 
 #[path = "support/json_order.rs"]
 mod json_order;
+#[cfg(feature = "metrics")]
+#[path = "support/prometheus.rs"]
+mod prometheus;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -60,7 +63,7 @@ fn layer_cost(c: &mut Criterion) {
     group.bench_function("layer/new_key", |b| new_keys(b, &runtime, &body, &counter, || {}));
     #[cfg(feature = "metrics")]
     {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let recorder = prometheus::bucketed();
         let handle = recorder.handle();
         let _local = metrics::set_default_local_recorder(&recorder);
         group.bench_function("layer/new_key/recorder", |b| {

@@ -13,7 +13,13 @@
 //! adjacent slices of one step: median and quartiles over all steps, the least disturbed by
 //! the machine's drift), per round (median and range), and of the whole run's sums.
 //!
+//! The recorder has the reference service's histogram buckets (`examples/orders`);
+//! `METRICS_COST_SUMMARIES=1` measures the exporter's default, histograms as summaries.
+//!
 //! Run with `cargo bench --features metrics --bench metrics_cost` (`METRICS_COST_ROUNDS`, default 15).
+
+#[path = "support/prometheus.rs"]
+mod prometheus;
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -77,7 +83,14 @@ fn main() {
     let rounds = std::env::var("METRICS_COST_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(15);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let body = Bytes::from(format!("{{\"sku\":\"SKU-1\",\"note\":\"{}\"}}", "x".repeat(230)));
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    // The reference service's recorder (histogram buckets); `METRICS_COST_SUMMARIES=1`: the
+    // exporter's default (summaries).
+    let summaries = std::env::var_os("METRICS_COST_SUMMARIES").is_some();
+    let recorder = if summaries { prometheus::summaries() } else { prometheus::bucketed() };
+    println!(
+        "recorder: {}",
+        if summaries { "the exporter's default summaries" } else { "the reference service's buckets" }
+    );
     let handle = recorder.handle();
     runtime.block_on(async {
         let mut next = 0;
