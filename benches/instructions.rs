@@ -20,8 +20,8 @@
 //! what one request costs.
 //!
 //! **SHA-256 is counted apart.** Valgrind does not run the SHA extensions of x86-64, so under
-//! it the `sha2` crate takes its portable code, about 2,000 instructions a 64-byte block where
-//! the machine's own instructions take a few hundred cycles. Each scenario therefore runs a
+//! it the `sha2` crate takes its portable code, about 3,400 instructions a 64-byte block, where
+//! the CPU's own SHA instructions take about 60 ns a block. Each scenario therefore runs a
 //! third and fourth time with only SHA-256's compression counted
 //! (`--toggle-collect=sha2::sha256::compress256`), and the table shows the instructions
 //! outside it (the layer's own code, the allocator, the canonical JSON reader) beside the
@@ -30,8 +30,7 @@
 //! With the `metrics` feature it also counts a new key with a Prometheus recorder installed
 //! (`metrics-exporter-prometheus`, its samples drained every thousand requests: with the
 //! reference service's histogram buckets, then with the exporter's default summaries), against
-//! the
-//! same without one: the metrics' share of the layer's own instructions, and of that the
+//! the same without one: the metrics' share of the layer's own instructions, and of that the
 //! recorder's own code (its calls and its upkeep) apart from the layer's.
 //!
 //! With the `grpc-example` feature it also counts a unary gRPC call (the `Things/Create` echo of
@@ -39,10 +38,12 @@
 //! child's one thread): without the layer, through the layer with the method not named
 //! (passthrough), with a new key, and as a replay. Callgrind counts the process's own
 //! instructions, not the kernel's, so the socket's system calls, the same with the layer and
-//! without, are outside every count: the ratios overstate what the layer costs a call.
+//! without, are outside every count: the ratios overstate what the layer costs a call. A call
+//! costs a dozen in-process requests, so these scenarios run a quarter of the calls.
 //!
-//! Run with `cargo bench --bench instructions` (`--features metrics` for the metrics' share) (valgrind must be installed; without it the
-//! benchmark says so and measures nothing). It takes a few minutes.
+//! Run with `cargo bench --features metrics,grpc-example --bench instructions` (valgrind must
+//! be installed; without it the benchmark says so and measures nothing). It takes about two
+//! minutes; without the features, half a minute.
 
 #[cfg(feature = "grpc-example")]
 #[path = "support/echo_things.rs"]
