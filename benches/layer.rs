@@ -12,8 +12,8 @@
 //!   it could cost;
 //! - with the `metrics` feature, `layer/new_key/recorder` and `layer/replay/recorder`: the same,
 //!   with a Prometheus recorder (`metrics-exporter-prometheus`, with the reference service's
-//!   histogram buckets) installed, so every metric the layer emits is recorded. `(recorder - layer) / (layer - bare)` is the metrics' share of the
-//!   layer's own overhead.
+//!   histogram buckets) installed, so every metric the layer emits is recorded.
+//!   `(recorder - layer) / (layer - bare)` is the metrics' share of the layer's own overhead.
 //!
 //! Run with `cargo bench --bench layer` (and `--features metrics` for the recorder's cost);
 //! the ratios are what matters on a shared machine.

@@ -91,6 +91,28 @@ pub const OLDEST_UNKNOWN: &str = crate::recovery::OLDEST_UNKNOWN_SECONDS;
 /// `idempotency_recovery_total{action}`, counted by the recovery worker.
 pub const RECOVERY: &str = crate::recovery::RECOVERY_TOTAL;
 
+/// Histogram buckets for the layer's `_seconds` histograms ([`OVERHEAD`], [`STORE`]): 250 µs
+/// to 10 s. The layer records samples only; buckets are the exporter's setting. Give it these
+/// (or your own) so that `histogram_quantile` over `_bucket` series works, as the reference
+/// service does:
+///
+/// ```
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+/// use tower_idempotency::telemetry::{BYTES_BUCKETS, SECONDS_BUCKETS};
+///
+/// let recorder = PrometheusBuilder::new()
+///     .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)?
+///     .set_buckets_for_metric(Matcher::Suffix("_bytes".into()), &BYTES_BUCKETS)?
+///     .build_recorder();
+/// # drop(recorder);
+/// # Ok::<(), metrics_exporter_prometheus::BuildError>(())
+/// ```
+pub const SECONDS_BUCKETS: [f64; 14] =
+    [0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+
+/// Histogram buckets for [`STORED_BYTES`]: 64 bytes to 4 MiB (see [`SECONDS_BUCKETS`]).
+pub const BYTES_BUCKETS: [f64; 9] = [64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0];
+
 use crate::problem::ProblemCode;
 
 /// What became of a guarded request: the `result` label of `idempotency_requests_total` and

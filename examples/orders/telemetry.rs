@@ -24,17 +24,13 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower_idempotency::BoxError;
+use tower_idempotency::telemetry::{BYTES_BUCKETS, SECONDS_BUCKETS};
 
 use super::admin::AdminRoutes;
 use super::book::storage::OrderBook;
 
 /// The service's own gauge.
 pub(crate) const DUPLICATE_EFFECTS: &str = "orders_duplicate_effects";
-
-/// Buckets of the `_seconds` histograms.
-const SECONDS: [f64; 14] = [0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
-/// Buckets of the `_bytes` histograms.
-const BYTES: [f64; 9] = [64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0];
 
 /// The audit's SQL, the same for both databases.
 const DUPLICATES: &str = "SELECT count(*) FROM (
@@ -44,8 +40,8 @@ const DUPLICATES: &str = "SELECT count(*) FROM (
 /// Installs the Prometheus recorder as the process's `metrics` recorder.
 pub(crate) fn install() -> Result<PrometheusHandle, BoxError> {
     let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)?
-        .set_buckets_for_metric(Matcher::Suffix("_bytes".into()), &BYTES)?
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Suffix("_bytes".into()), &BYTES_BUCKETS)?
         .install_recorder()?;
     metrics::describe_gauge!(DUPLICATE_EFFECTS, "operation ids that own more than one order");
     Ok(handle)
