@@ -72,12 +72,18 @@ fn service(psp: Option<&Psp>, env: &[(&str, &str)]) -> Service {
     Service { server: service_on(&url, psp, env), url, _cleanup: cleanup }
 }
 
+/// A provider call timeout far below the test provider's `PSP_STALL_MS`, so a stalled charge ends
+/// as an unknown outcome.
+const TIMES_OUT: (&str, &str) = ("ORDERS_PSP_TIMEOUT_MS", "300");
+
 /// The service on the database at `url`, paying through `psp` (or with no provider).
 fn service_on(url: &str, psp: Option<&Psp>, env: &[(&str, &str)]) -> Server {
     let psp_url = psp.map(|psp| format!("http://{}", psp.addr)).unwrap_or_default();
     let mut all = vec![
         ("PSP_URL", psp_url.as_str()),
-        ("ORDERS_PSP_TIMEOUT_MS", "300"),
+        // Generous: a loaded machine must not turn a provider's answer into an unknown outcome.
+        // Tests of unknown outcomes ask for `TIMES_OUT`.
+        ("ORDERS_PSP_TIMEOUT_MS", "5000"),
         ("ORDERS_RECONCILE_SECS", "0.2"),
         ("ORDERS_LEASE_SECS", "1"),
         ("ORDERS_ADMIN_TOKEN", ADMIN_TOKEN),
@@ -227,7 +233,7 @@ fn a_provider_503_is_released_and_the_same_attempt_tries_again() {
 fn an_unknown_payment_answers_202_and_is_reconciled_from_the_provider() {
     tower_idempotency::testkit::run(async {
         let psp = Psp::start(&[("PSP_AMBIGUOUS_RATE", "1"), ("PSP_STALL_MS", "1500")]);
-        let service = service(Some(&psp), &[]);
+        let service = service(Some(&psp), &[TIMES_OUT]);
         let addr = service.server.addr;
         let order_id = order(addr, ALICE, 900).await;
         let unknown = pay(addr, &order_id, "u-1").await;
@@ -253,7 +259,7 @@ fn an_unknown_payment_answers_202_and_is_reconciled_from_the_provider() {
 fn without_provider_idempotency_an_unknown_payment_waits_for_the_operator() {
     tower_idempotency::testkit::run(async {
         let psp = Psp::start(&[("PSP_MODE", "no_idempotency"), ("PSP_AMBIGUOUS_RATE", "1"), ("PSP_STALL_MS", "500")]);
-        let service = service(Some(&psp), &[("ORDERS_PSP_IDEMPOTENT", "false")]);
+        let service = service(Some(&psp), &[("ORDERS_PSP_IDEMPOTENT", "false"), TIMES_OUT]);
         let (addr, admin) = (service.server.addr, service.server.admin_addr);
         let order_id = order(addr, ALICE, 1100).await;
         let unknown = pay(addr, &order_id, "n-1").await;
@@ -458,7 +464,7 @@ async fn settled_payments_enqueue_one_event_each(url: &str) {
     }
     {
         let psp = Psp::start(&[("PSP_AMBIGUOUS_RATE", "1"), ("PSP_STALL_MS", "1500")]);
-        let server = service_on(url, Some(&psp), &[]);
+        let server = service_on(url, Some(&psp), &[TIMES_OUT]);
         let addr = server.addr;
         let order_id = order(addr, ALICE, 900).await;
         assert_eq!(pay(addr, &order_id, "e-3").await.status, 202);
