@@ -28,7 +28,10 @@
 //!
 //! One client sends requests one after another through the router (no sockets). Each round
 //! measures each set-up for `WINDOW`, in rotated order; it prints the mean latency of each and
-//! the per-round ratio of each to `off` (median and range). Run with
+//! the per-round ratio of each to `off` (median and range), then the same of the median
+//! latency, each set-up's p99, and the share of its time that went to requests slower than
+//! 1 ms (on SQLite, a request that finds the write lock held sleeps in SQLite's busy handler,
+//! 1 ms at first and longer steps after). Run with
 //! `cargo bench --all-features --bench rollout` (PostgreSQL must be running; `DATABASE_URL`
 //! overrides the server). `ROLLOUT_ROUNDS` sets the rounds (default 5).
 
@@ -125,10 +128,10 @@ async fn in_commit_pg(tx: TxHandle<sqlx::Postgres>, body: String) -> StatusCode 
     StatusCode::CREATED
 }
 
-/// Requests one after another for `window`: how many, and how long they took in all.
-async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> (u64, Duration) {
+/// Requests one after another for `window`: how long each took.
+async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> Vec<Duration> {
     let started = Instant::now();
-    let mut count = 0;
+    let mut took = Vec::new();
     while started.elapsed() < window {
         let key = format!("key-{}", keys.fetch_add(1, Ordering::Relaxed));
         let request = Request::post("/orders")
@@ -137,51 +140,98 @@ async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> (u64, Dura
             .header("content-type", "application/json")
             .body(Body::from(BODY))
             .expect("request");
+        let sent = Instant::now();
         let response = app.clone().oneshot(request).await.expect("answer");
         assert_eq!(response.status(), StatusCode::CREATED);
         let _ = response.into_body().collect().await.expect("body");
-        count += 1;
+        took.push(sent.elapsed());
     }
-    (count, started.elapsed())
+    took
+}
+
+/// What `measure` saw of one set-up: its requests' latencies, sorted.
+#[derive(Default)]
+struct Seen(Vec<Duration>);
+
+impl Seen {
+    fn mean(&self) -> f64 {
+        self.0.iter().map(Duration::as_secs_f64).sum::<f64>() / self.0.len() as f64
+    }
+
+    fn quantile(&self, q: f64) -> f64 {
+        self.0[((self.0.len() - 1) as f64 * q) as usize].as_secs_f64()
+    }
+
+    /// The share of all the time its requests took that went to requests of more than
+    /// `STALLED` (a wait for SQLite's write lock sleeps in steps of 1 ms and more).
+    fn stalled_share(&self) -> f64 {
+        let stalled: f64 = self.0.iter().filter(|took| **took > STALLED).map(Duration::as_secs_f64).sum();
+        stalled / (self.mean() * self.0.len() as f64)
+    }
+}
+
+/// A request slower than this counts as stalled (see [`Seen::stalled_share`]).
+const STALLED: Duration = Duration::from_millis(1);
+
+/// Median and range of `ratios`.
+fn spread(ratios: &mut [f64]) -> String {
+    ratios.sort_by(f64::total_cmp);
+    format!("median {:.3} (range {:.3}–{:.3})", ratios[ratios.len() / 2], ratios[0], ratios[ratios.len() - 1])
 }
 
 /// The set-ups in rotated order, `rounds` times; prints each one's mean latency and, per
-/// round, its ratio to the first (`off`).
+/// round, its ratio to the first (`off`); then the same of the median latency, each one's p99,
+/// and how much of its time went to stalled requests.
 async fn compare(name: &str, apps: Vec<(&str, Router)>, rounds: usize) {
     let keys = AtomicU64::new(0);
     for (_, app) in &apps {
         measure(app, &keys, WARM_UP).await;
     }
     let n = apps.len();
-    let mut totals = vec![(0u64, Duration::ZERO); n];
-    let mut ratios = vec![Vec::new(); n];
+    let mut all: Vec<Seen> = (0..n).map(|_| Seen::default()).collect();
+    let (mut mean_ratios, mut median_ratios) = (vec![Vec::new(); n], vec![Vec::new(); n]);
     for round in 0..rounds {
-        let mut means = vec![0.0f64; n];
+        let mut this_round: Vec<Seen> = (0..n).map(|_| Seen::default()).collect();
         for step in 0..n {
             let index = (step + round) % n;
-            let (count, took) = measure(&apps[index].1, &keys, WINDOW).await;
-            means[index] = took.as_secs_f64() / count as f64;
-            totals[index].0 += count;
-            totals[index].1 += took;
+            let mut took = measure(&apps[index].1, &keys, WINDOW).await;
+            took.sort_unstable();
+            all[index].0.extend_from_slice(&took);
+            this_round[index] = Seen(took);
         }
-        for (index, mean) in means.iter().enumerate() {
-            ratios[index].push(mean / means[0]);
+        for (index, seen) in this_round.iter().enumerate() {
+            mean_ratios[index].push(seen.mean() / this_round[0].mean());
+            median_ratios[index].push(seen.quantile(0.5) / this_round[0].quantile(0.5));
         }
     }
-    let summary = |ratios: &mut Vec<f64>| {
-        ratios.sort_by(f64::total_cmp);
-        format!("median {:.3} (range {:.3}–{:.3})", ratios[ratios.len() / 2], ratios[0], ratios[ratios.len() - 1])
-    };
-    let mean = |(count, took): (u64, Duration)| took.as_secs_f64() * 1e6 / count as f64;
-    let latencies: Vec<String> =
-        apps.iter().zip(&totals).map(|((label, _), total)| format!("{label} {:.1} µs/request", mean(*total))).collect();
-    let per_round: Vec<String> = apps
+    for seen in &mut all {
+        seen.0.sort_unstable();
+    }
+    let latencies: Vec<String> = apps
         .iter()
-        .zip(ratios.iter_mut())
-        .skip(1)
-        .map(|((label, _), ratios)| format!("{label}/off {}", summary(ratios)))
+        .zip(&all)
+        .map(|((label, _), seen)| format!("{label} {:.1} µs/request", seen.mean() * 1e6))
         .collect();
-    println!("{name}: {}; per round, {} ({rounds} rounds)", latencies.join(", "), per_round.join(", "));
+    let per_round = |ratios: &mut [Vec<f64>]| -> String {
+        let labels = apps.iter().map(|(label, _)| label).skip(1);
+        let ratios =
+            labels.zip(ratios.iter_mut().skip(1)).map(|(label, ratios)| format!("{label}/off {}", spread(ratios)));
+        ratios.collect::<Vec<_>>().join(", ")
+    };
+    println!("{name}: {}; per round, {} ({rounds} rounds)", latencies.join(", "), per_round(&mut mean_ratios));
+    let tails: Vec<String> = apps
+        .iter()
+        .zip(&all)
+        .map(|((label, _), seen)| {
+            format!(
+                "{label} p50 {:.1} µs, p99 {:.1} µs, {:.1}% of its time in requests over {STALLED:?}",
+                seen.quantile(0.5) * 1e6,
+                seen.quantile(0.99) * 1e6,
+                seen.stalled_share() * 100.0
+            )
+        })
+        .collect();
+    println!("{name}, latency: {}; per round, p50 {}", tails.join(", "), per_round(&mut median_ratios));
 }
 
 fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> IdempotencyLayer<St> {
