@@ -393,11 +393,16 @@ fn content_type_v1(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
 /// Splits a `Content-Type` value into its normalised media type (version 2; see
 /// [the module docs](self#the-media-type)) and body kind.
 fn content_type_v2(value: &[u8], canonical: &mut Vec<u8>) -> BodyKind {
+    let start = canonical.len();
     let mut pieces = media_type::split(value);
     let essence = pieces.next().unwrap_or_default();
-    let start = canonical.len();
-    canonical.extend(essence.trim_ascii().iter().map(u8::to_ascii_lowercase));
+    canonical.extend_from_slice(essence.trim_ascii());
+    canonical[start..].make_ascii_lowercase();
     let kind = body_kind(&canonical[start..]);
+    // The common value, a media type alone, has nothing more to split.
+    if essence.len() == value.len() {
+        return kind;
+    }
     let mut params: Vec<media_type::Parameter> = pieces.filter_map(media_type::Parameter::parse).collect();
     params.retain(|param| !(kind == BodyKind::Json && param.is_charset_utf8()));
     params.sort_unstable();
