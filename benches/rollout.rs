@@ -23,6 +23,10 @@
 //!   file ([`IdempotencyLayer::shadow_store`]): its batches take that file's write lock, never
 //!   the one the orders' INSERTs need.
 //!
+//! After the set-ups, rows like shadow records are written in batches of 500 into the records
+//! table as the run left it, nothing else running: what a record's write costs the database
+//! alone, printed against `off`'s mean latency (on SQLite with its share of the checkpoints).
+//!
 //! SQLite runs twice, in WAL mode: with `synchronous = NORMAL` (no fsync at COMMIT), then with
 //! `synchronous = FULL`, as the reference service runs it.
 //!
@@ -182,7 +186,7 @@ fn spread(ratios: &mut [f64]) -> String {
 /// The set-ups in rotated order, `rounds` times; prints each one's mean latency and, per
 /// round, its ratio to the first (`off`); then the same of the median latency, each one's p99,
 /// and how much of its time went to stalled requests.
-async fn compare(name: &str, apps: Vec<(&str, Router)>, rounds: usize) {
+async fn compare(name: &str, apps: Vec<(&str, Router)>, rounds: usize) -> Duration {
     let keys = AtomicU64::new(0);
     for (_, app) in &apps {
         measure(app, &keys, WARM_UP).await;
@@ -232,7 +236,52 @@ async fn compare(name: &str, apps: Vec<(&str, Router)>, rounds: usize) {
         })
         .collect();
     println!("{name}, latency: {}; per round, p50 {}", tails.join(", "), per_round(&mut median_ratios));
+    Duration::from_secs_f64(all[0].mean())
 }
+
+/// Records written per batch by [`records_alone`], about what the shadow log writes every
+/// 100 ms at this benchmark's rate.
+const ALONE_BATCH: i64 = 500;
+/// Batches [`records_alone`] writes.
+const ALONE_BATCHES: u32 = 20;
+
+/// Rows like shadow records (random ids, completed, status only), `ALONE_BATCH` a statement,
+/// `ALONE_BATCHES` statements one after another into the records table as the run left it,
+/// nothing else running: the time a record's write takes the database (with its share of
+/// SQLite's checkpoints), printed against `off`'s mean latency.
+async fn records_alone<F, Fut>(name: &str, off: Duration, mut batch: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let started = Instant::now();
+    for _ in 0..ALONE_BATCHES {
+        batch().await;
+    }
+    let per_record = started.elapsed() / (ALONE_BATCHES * ALONE_BATCH as u32);
+    println!(
+        "{name}, shadow records alone: {:.1} µs a record in batches of {ALONE_BATCH} = {:.1}% of off's mean latency",
+        per_record.as_secs_f64() * 1e6,
+        per_record.as_secs_f64() / off.as_secs_f64() * 100.0
+    );
+}
+
+/// [`records_alone`]'s batch on SQLite.
+const SQLITE_RECORDS: &str = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+     INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+         response_status, response_headers, response_body, response_until, forget_at, created_at, updated_at) \
+     SELECT randomblob(32), 'completed', 1, randomblob(32), 0, 201, X'', X'', \
+            unixepoch('subsec') * 1000 + 86400000, unixepoch('subsec') * 1000 + 691200000, \
+            unixepoch('subsec') * 1000, unixepoch('subsec') * 1000 \
+     FROM n WHERE true ON CONFLICT DO NOTHING";
+
+/// [`records_alone`]'s batch on PostgreSQL.
+const PG_RECORDS: &str = "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, \
+         fencing_token, response_status, response_headers, response_body, response_until, forget_at) \
+     SELECT decode(md5(random()::text) || md5(random()::text), 'hex'), 'completed', 1, \
+            decode(md5(random()::text) || md5(random()::text), 'hex'), 0, 201, '', '', \
+            clock_timestamp() + interval '1 day', clock_timestamp() + interval '8 days' \
+     FROM generate_series(1, $1) ON CONFLICT DO NOTHING";
 
 fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> IdempotencyLayer<St> {
     let layer = IdempotencyLayer::new(store)
@@ -307,7 +356,11 @@ async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usiz
     let apart = layer(store, RolloutMode::Shadow).shadow_store(shadow_store);
     apps.push(("shadow-own-file", Router::new().route("/orders", post(create_sqlite).layer(apart))));
     // The routers go with it; the shadow log's writer records what is left and ends.
-    compare(name, apps, rounds).await;
+    let off = compare(name, apps, rounds).await;
+    records_alone(name, off, || async {
+        sqlx::query(SQLITE_RECORDS).bind(ALONE_BATCH).execute(&pool).await.expect("a batch of records");
+    })
+    .await;
     pool.close().await;
     shadow_pool.close().await;
     for path in [path, shadow_path] {
@@ -338,7 +391,11 @@ fn main() {
             .execute(&db.pool)
             .await
             .expect("orders");
-        compare("postgres", apps(store, create_pg, in_commit_pg), rounds).await;
+        let off = compare("postgres", apps(store, create_pg, in_commit_pg), rounds).await;
+        records_alone("postgres", off, || async {
+            sqlx::query(PG_RECORDS).bind(ALONE_BATCH).execute(&db.pool).await.expect("a batch of records");
+        })
+        .await;
         db.drop().await;
     });
 }
