@@ -158,8 +158,13 @@ async fn measure(app: &Router, keys: &AtomicU64, window: Duration) -> Vec<Durati
 struct Seen(Vec<Duration>);
 
 impl Seen {
+    /// All the time its requests took, in seconds.
+    fn total(&self) -> f64 {
+        self.0.iter().map(Duration::as_secs_f64).sum()
+    }
+
     fn mean(&self) -> f64 {
-        self.0.iter().map(Duration::as_secs_f64).sum::<f64>() / self.0.len() as f64
+        self.total() / self.0.len() as f64
     }
 
     fn quantile(&self, q: f64) -> f64 {
@@ -170,7 +175,7 @@ impl Seen {
     /// `STALLED` (a wait for SQLite's write lock sleeps in steps of 1 ms and more).
     fn stalled_share(&self) -> f64 {
         let stalled: f64 = self.0.iter().filter(|took| **took > STALLED).map(Duration::as_secs_f64).sum();
-        stalled / (self.mean() * self.0.len() as f64)
+        stalled / self.total()
     }
 }
 
