@@ -31,7 +31,10 @@
 //! `synchronous = FULL`, as the reference service runs it.
 //!
 //! One client sends requests one after another through the router (no sockets). Each round
-//! measures each set-up for `WINDOW`, in rotated order; it prints the mean latency of each and
+//! measures each set-up for a window (2 s; `ROLLOUT_WINDOW_S` sets another), in rotated order,
+//! with a pause after each window in which the shadow log records what that window queued
+//! (else its last batch would be written in the next set-up's window and charged to it). It
+//! prints the mean latency of each and
 //! the per-round ratio of each to `off` (median and range), then the same of the median
 //! latency, each set-up's p99, and the share of its time that went to requests slower than
 //! 1 ms (on SQLite, a request that finds the write lock held sleeps in SQLite's busy handler,
@@ -55,7 +58,24 @@ use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, RolloutMode, RolloutSwitch, SqliteStore, TxHandle};
 
 const WARM_UP: Duration = Duration::from_secs(1);
-const WINDOW: Duration = Duration::from_secs(2);
+
+/// How long each set-up is measured in a round (`ROLLOUT_WINDOW_S`, default 2 s).
+fn window() -> Duration {
+    Duration::from_secs(std::env::var("ROLLOUT_WINDOW_S").ok().and_then(|s| s.parse().ok()).unwrap_or(2))
+}
+
+/// The shadow log's interval: 100 ms, the layer's default, or `ROLLOUT_SHADOW_MS`.
+fn shadow_interval() -> Duration {
+    let ms = std::env::var("ROLLOUT_SHADOW_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(100);
+    Duration::from_millis(ms)
+}
+
+/// The pause after each window, nothing measured: long enough for the shadow log to record
+/// what a `shadow` window queued, so that its last batch is not written in the next set-up's
+/// window. That batch's writes are charged to no set-up: about one interval of a window.
+fn settle() -> Duration {
+    shadow_interval() + Duration::from_millis(200)
+}
 const BODY: &str = "{\"sku\":\"SKU-000123\",\"quantity\":2,\"amount_minor\":129900,\"currency\":\"EUR\"}";
 
 async fn create_sqlite(tx: TxHandle<sqlx::Sqlite>, body: String) -> StatusCode {
@@ -195,6 +215,7 @@ async fn compare(name: &str, apps: Vec<(&str, Router)>, rounds: usize) -> Durati
     let keys = AtomicU64::new(0);
     for (_, app) in &apps {
         measure(app, &keys, WARM_UP).await;
+        tokio::time::sleep(settle()).await;
     }
     let n = apps.len();
     let mut all: Vec<Seen> = (0..n).map(|_| Seen::default()).collect();
@@ -203,7 +224,8 @@ async fn compare(name: &str, apps: Vec<(&str, Router)>, rounds: usize) -> Durati
         let mut this_round: Vec<Seen> = (0..n).map(|_| Seen::default()).collect();
         for step in 0..n {
             let index = (step + round) % n;
-            let mut took = measure(&apps[index].1, &keys, WINDOW).await;
+            let mut took = measure(&apps[index].1, &keys, window()).await;
+            tokio::time::sleep(settle()).await;
             took.sort_unstable();
             all[index].0.extend_from_slice(&took);
             this_round[index] = Seen(took);
@@ -293,9 +315,9 @@ fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> Idempote
         .operation("orders.create")
         .scope_with(|parts| parts.headers.get("x-tenant")?.to_str().ok().map(tower_idempotency::Scope::new))
         .rollout(RolloutSwitch::new(mode));
-    match std::env::var("ROLLOUT_SHADOW_MS").ok().and_then(|ms| ms.parse().ok()) {
-        Some(ms) => layer.shadow_log(Duration::from_millis(ms), 16_384),
-        None => layer,
+    match std::env::var("ROLLOUT_SHADOW_MS") {
+        Ok(_) => layer.shadow_log(shadow_interval(), 16_384),
+        Err(_) => layer,
     }
 }
 

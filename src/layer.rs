@@ -217,9 +217,9 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// How shadow mode records its requests (see [`rollout`](crate::rollout)): once their
-    /// answers have been produced, they wait in a queue of at most `capacity` (default 16,384)
-    /// while a writer task gathers them for `interval` (default 100 ms), then records them all
-    /// with one call of the store. A request that finds the queue full is not recorded (it
+    /// answers have been produced, they wait in a queue of at most `capacity` (default 65,536)
+    /// while a writer task gathers them for `interval` (default 1 s), then records them all
+    /// with one call of the store (up to 1,024 a call). A request that finds the queue full is not recorded (it
     /// counts as `store_unavailable` in `idempotency_shadow_total`); a longer interval makes
     /// fewer, larger writes, and counts later what enforce mode would have done.
     ///
@@ -229,7 +229,7 @@ impl<St: Store> IdempotencyLayer<St> {
     ///
     /// let layer = IdempotencyLayer::new(MemoryStore::new())
     ///     .rollout(RolloutSwitch::new(RolloutMode::Shadow))
-    ///     .shadow_log(Duration::from_millis(50), 65_536);
+    ///     .shadow_log(Duration::from_millis(250), 16_384);
     /// ```
     pub fn shadow_log(mut self, interval: Duration, capacity: usize) -> Self {
         self.config.shadow_log = crate::shadow_log::ShadowLog::new(interval, capacity);

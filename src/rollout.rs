@@ -21,7 +21,7 @@
 //!   transaction committed or rolled back, by the same rule: a *released* answer records
 //!   nothing; a stored failure rolls back and is recorded as `failed`), the request is queued
 //!   for the layer's shadow log, whose writer task records the queued requests under their
-//!   shadow identities in batches, every 100 ms by default, with one call of the store
+//!   shadow identities in batches, every second by default, with one call of the store
 //!   ([`Store::record_shadow`](crate::Store::record_shadow); on the SQL stores one statement),
 //!   off the requests' path ([`IdempotencyLayer::shadow_log`](crate::IdempotencyLayer::shadow_log)),
 //!   in the layer's store or in one of its own
