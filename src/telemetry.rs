@@ -13,7 +13,7 @@
 //! | metric | kind | labels | what |
 //! |---|---|---|---|
 //! | `idempotency_requests_total` | counter | `operation`, `result` | one per enforced guarded request, by [`RequestResult`] |
-//! | `idempotency_shadow_total` | counter | `operation`, `result` | what enforce mode would have done with a request seen in shadow mode, same `result` values (counted once the shadow log has recorded the request's batch: within its interval, 100 ms by default, of the answer; at once for what is known before, such as a missing key) |
+//! | `idempotency_shadow_total` | counter | `operation`, `result` | what enforce mode would have done with a request seen in shadow mode, same `result` values (counted once the shadow log has recorded the request's batch: within its interval, 1 s by default, of the answer; at once for what is known before, such as a missing key) |
 //! | `idempotency_overhead_seconds` | histogram | `operation` | the time the layer adds to an enforced request: everything but the inner service (key, body, fingerprint, store calls, buffering the answer) |
 //! | `idempotency_store_seconds` | histogram | `operation`, `step` | store calls of enforced requests: `begin` (claim or look up), `finish` (store the outcome and commit, or release) |
 //! | `idempotency_stored_bytes` | histogram | `operation` | the body size of each response stored for replay (complete or failed): the storage cost |
