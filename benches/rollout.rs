@@ -31,19 +31,22 @@
 //! `synchronous = FULL`, as the reference service runs it.
 //!
 //! One client sends requests one after another through the router (no sockets). Each round
-//! measures each set-up for a window (2 s; `ROLLOUT_WINDOW_S` sets another), in rotated order,
+//! measures each set-up for a window (10 s; `ROLLOUT_WINDOW_S` sets another), in rotated order,
 //! with a pause after each window in which the shadow log records what that window queued
-//! (else its last batch would be written in the next set-up's window and charged to it). It
+//! (else its last batch would be written in the next set-up's window and charged to it; so up
+//! to an interval's worth of a window's records, a tenth at the defaults, is charged to none). It
 //! prints the mean latency of each and
 //! the per-round ratio of each to `off` (median and range), then the same of the median
 //! latency, each set-up's p99, and the share of its time that went to requests slower than
 //! 1 ms (on SQLite, a request that finds the write lock held sleeps in SQLite's busy handler,
 //! 1 ms at first and longer steps after). Run with
 //! `cargo bench --all-features --bench rollout` (PostgreSQL must be running; `DATABASE_URL`
-//! overrides the server). `ROLLOUT_ROUNDS` sets the rounds (default 5).
+//! overrides the server). `ROLLOUT_ROUNDS` sets the rounds (default 3).
 
 #[path = "support/bench_db.rs"]
 mod bench_db;
+#[path = "support/sqlite_file.rs"]
+mod sqlite_file;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -53,15 +56,17 @@ use axum::body::Body;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlite_file::SqliteFile;
+use sqlx::sqlite::SqliteSynchronous;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, RolloutMode, RolloutSwitch, SqliteStore, TxHandle};
 
 const WARM_UP: Duration = Duration::from_secs(1);
 
-/// How long each set-up is measured in a round (`ROLLOUT_WINDOW_S`, default 2 s).
+/// How long each set-up is measured in a round (`ROLLOUT_WINDOW_S`, default 10 s: ten of the
+/// shadow log's default intervals, so the batch left to the pause is a tenth at most).
 fn window() -> Duration {
-    Duration::from_secs(std::env::var("ROLLOUT_WINDOW_S").ok().and_then(|s| s.parse().ok()).unwrap_or(2))
+    Duration::from_secs(std::env::var("ROLLOUT_WINDOW_S").ok().and_then(|s| s.parse().ok()).unwrap_or(10))
 }
 
 /// The shadow log's interval: 100 ms, the layer's default, or `ROLLOUT_SHADOW_MS`.
@@ -72,7 +77,8 @@ fn shadow_interval() -> Duration {
 
 /// The pause after each window, nothing measured: long enough for the shadow log to record
 /// what a `shadow` window queued, so that its last batch is not written in the next set-up's
-/// window. That batch's writes are charged to no set-up: about one interval of a window.
+/// window. That batch's writes are charged to no set-up: up to one interval's worth of the
+/// window's records.
 fn settle() -> Duration {
     shadow_interval() + Duration::from_millis(200)
 }
@@ -353,28 +359,21 @@ fn unwritten<St: tower_idempotency::Store>(store: St) -> IdempotencyLayer<St> {
 }
 
 /// A migrated [`SqliteStore`] on a file of the benchmark's own (`name`), in WAL mode with
-/// `synchronous`, and the file's path.
-async fn sqlite_store(name: &str, synchronous: SqliteSynchronous) -> (SqliteStore, std::path::PathBuf) {
-    let path = std::env::temp_dir().join(format!("tidem_bench_rollout_{name}_{}.db", std::process::id()));
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(synchronous)
-        .busy_timeout(Duration::from_secs(5));
-    let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await.expect("sqlite");
-    let store = SqliteStore::new(pool);
+/// `synchronous`, and the file.
+async fn sqlite_store(name: &str, synchronous: SqliteSynchronous) -> (SqliteStore, SqliteFile) {
+    let file = SqliteFile::create(&format!("tidem_bench_rollout_{name}"), synchronous, 8).await;
+    let store = SqliteStore::new(file.pool.clone());
     store.migrate().await.expect("migrate");
-    (store, path)
+    (store, file)
 }
 
 /// `off`, `shadow`, `in-commit`, `shadow-unwritten` and `shadow-own-file` on a SQLite file of
 /// their own with `synchronous`; the last records shadow mode's requests in a second file
 /// ([`IdempotencyLayer::shadow_store`]), so its batches never hold the orders' write lock.
 async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
-    let (store, path) = sqlite_store("orders", synchronous).await;
-    let (shadow_store, shadow_path) = sqlite_store("shadow", synchronous).await;
-    let (pool, shadow_pool) = (store.pool().clone(), shadow_store.pool().clone());
+    let (store, file) = sqlite_store("orders", synchronous).await;
+    let (shadow_store, shadow_file) = sqlite_store("shadow", synchronous).await;
+    let pool = file.pool.clone();
     sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
         .execute(&pool)
         .await
@@ -388,17 +387,12 @@ async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usiz
         sqlx::query(SQLITE_RECORDS).bind(ALONE_BATCH).execute(&pool).await.expect("a batch of records");
     })
     .await;
-    pool.close().await;
-    shadow_pool.close().await;
-    for path in [path, shadow_path] {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-        }
-    }
+    file.remove().await;
+    shadow_file.remove().await;
 }
 
 fn main() {
-    let rounds = std::env::var("ROLLOUT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
+    let rounds = std::env::var("ROLLOUT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async {
         // SQLite: a file of the benchmark's own, in WAL mode; with `synchronous = NORMAL` (no

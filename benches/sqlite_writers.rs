@@ -19,6 +19,9 @@
 //! answers other than 201, and the median and range of the per-round throughput ratios to
 //! `no layer`. Run with `cargo bench --all-features --bench sqlite_writers`.
 
+#[path = "support/sqlite_file.rs"]
+mod sqlite_file;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -29,8 +32,9 @@ use axum::extract::State;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
+use sqlite_file::SqliteFile;
 use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::SqliteSynchronous;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, RolloutMode, RolloutSwitch, SqliteStore, TxHandle};
 
@@ -174,15 +178,9 @@ fn layer(store: SqliteStore, mode: RolloutMode) -> IdempotencyLayer<SqliteStore>
 
 /// The three set-ups on a fresh SQLite file with `synchronous`.
 async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, clients: usize, rounds: usize) {
-    let path = std::env::temp_dir().join(format!("tidem_bench_writers_{}.db", std::process::id()));
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(synchronous)
-        .busy_timeout(Duration::from_secs(5));
     let connections = u32::try_from(clients).unwrap_or(u32::MAX).saturating_add(4);
-    let pool = SqlitePoolOptions::new().max_connections(connections).connect_with(options).await.expect("sqlite");
+    let file = SqliteFile::create("tidem_bench_writers", synchronous, connections).await;
+    let pool = file.pool.clone();
     let store = SqliteStore::new(pool.clone());
     store.migrate().await.expect("migrate");
     sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
@@ -190,15 +188,12 @@ async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, clients: usi
         .await
         .expect("orders");
     let apps = vec![
-        ("no layer", Router::new().route("/orders", post(create_alone)).with_state(pool.clone())),
+        ("no layer", Router::new().route("/orders", post(create_alone)).with_state(pool)),
         ("atomic", Router::new().route("/orders", post(create).layer(layer(store.clone(), RolloutMode::Enforce)))),
         ("off", Router::new().route("/orders", post(create).layer(layer(store, RolloutMode::Off)))),
     ];
     compare(name, apps, clients, rounds).await;
-    pool.close().await;
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    file.remove().await;
 }
 
 fn env(name: &str, default: usize) -> usize {
