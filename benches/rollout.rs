@@ -69,9 +69,9 @@ fn window() -> Duration {
     Duration::from_secs(std::env::var("ROLLOUT_WINDOW_S").ok().and_then(|s| s.parse().ok()).unwrap_or(10))
 }
 
-/// The shadow log's interval: 100 ms, the layer's default, or `ROLLOUT_SHADOW_MS`.
+/// The shadow log's interval: 1 s, the layer's default, or `ROLLOUT_SHADOW_MS`.
 fn shadow_interval() -> Duration {
-    let ms = std::env::var("ROLLOUT_SHADOW_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(100);
+    let ms = std::env::var("ROLLOUT_SHADOW_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(1000);
     Duration::from_millis(ms)
 }
 

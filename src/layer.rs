@@ -219,9 +219,9 @@ impl<St: Store> IdempotencyLayer<St> {
     /// How shadow mode records its requests (see [`rollout`](crate::rollout)): once their
     /// answers have been produced, they wait in a queue of at most `capacity` (default 65,536)
     /// while a writer task gathers them for `interval` (default 1 s), then records them all
-    /// with one call of the store (up to 1,024 a call). A request that finds the queue full is not recorded (it
-    /// counts as `store_unavailable` in `idempotency_shadow_total`); a longer interval makes
-    /// fewer, larger writes, and counts later what enforce mode would have done.
+    /// with one call of the store (up to 1,024 a call). A request that finds the queue full is
+    /// not recorded (it counts as `store_unavailable` in `idempotency_shadow_total`); a longer
+    /// interval makes fewer, larger writes, and counts later what enforce mode would have done.
     ///
     /// ```
     /// use std::time::Duration;
