@@ -31,7 +31,7 @@ use crate::record::{Record, StoredResponse};
 use crate::request_body::buffer_request_body;
 use crate::rollout::RolloutMode;
 use crate::store::{Begin, BeginRequest, Claim, FinishError, Outcome, Store, StoreError};
-use crate::telemetry::{OperationMetrics, RequestResult, StoreStep, Timer};
+use crate::telemetry::{self, OperationMetrics, RequestResult, StoreStep, Timer};
 use crate::verdict::{Verdict, same_request};
 use crate::{old_path, shadow};
 
@@ -147,15 +147,7 @@ impl<S, St> IdempotencyService<S, St> {
         // The service that was made ready goes into the future; a fresh clone stays behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let span = tracing::info_span!(
-            "idempotency",
-            operation = tracing::field::Empty,
-            mode = tracing::field::Empty,
-            record = tracing::field::Empty,
-            result = tracing::field::Empty,
-            replayed = tracing::field::Empty,
-            fencing_token = tracing::field::Empty,
-        );
+        let span = telemetry::request_span();
         // What decides the request's path needs no waiting: it is done here, so that only the
         // path taken becomes a future (each path's future is allocated once per request, and
         // its size is copied: none carries the others' states).

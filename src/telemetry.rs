@@ -70,7 +70,10 @@
 //! key), `result` (as above), `replayed` (bool) and `fencing_token` (leased claims); the
 //! layer's own events and the inner service's spans are inside it. In shadow mode `result` is
 //! not set on the span (nothing was enforced); the debug event
-//! `idempotency (shadow): what enforce mode would have done` carries it.
+//! `idempotency (shadow): what enforce mode would have done` carries it. The span's target is
+//! `tower_idempotency::service`. When no subscriber takes it and the `log` crate's level is
+//! below `INFO` (so `tracing`'s `log` fallback would print none of it either), the layer does
+//! not make it.
 
 /// `idempotency_requests_total{operation, result}`.
 pub const REQUESTS: &str = "idempotency_requests_total";
@@ -220,6 +223,29 @@ impl RequestResult {
 }
 
 pub(crate) use imp::{OperationMetrics, Telemetry, Timer};
+
+/// The `idempotency` span of one guarded request, its fields to be filled in on the way.
+///
+/// When no subscriber takes the span and the `log` crate would print none of it (its level is
+/// below `INFO`), this is [`Span::none`](tracing::Span::none), which records, enters and exits
+/// for nothing. A disabled span still hands each field record, enter and exit to `tracing`'s
+/// `log` fallback (which sqlx and axum turn on), only for it to find that the logger wants none
+/// of them: 1,279 instructions of a new key's 58,980 (`benches/instructions.rs`). Either way,
+/// nothing is seen that the span would have shown. Its target is `tower_idempotency::service`,
+/// where it was made before.
+pub(crate) fn request_span() -> tracing::Span {
+    let span = tracing::info_span!(
+        target: "tower_idempotency::service",
+        "idempotency",
+        operation = tracing::field::Empty,
+        mode = tracing::field::Empty,
+        record = tracing::field::Empty,
+        result = tracing::field::Empty,
+        replayed = tracing::field::Empty,
+        fencing_token = tracing::field::Empty,
+    );
+    if span.is_disabled() && log::max_level() < log::LevelFilter::Info { tracing::Span::none() } else { span }
+}
 
 /// The step label of `idempotency_store_seconds`.
 #[derive(Debug, Clone, Copy)]
