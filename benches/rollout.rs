@@ -69,6 +69,10 @@ fn window() -> Duration {
     Duration::from_secs(std::env::var("ROLLOUT_WINDOW_S").ok().and_then(|s| s.parse().ok()).unwrap_or(10))
 }
 
+/// The shadow log's queue when `ROLLOUT_SHADOW_MS` sets its interval: the layer's default
+/// capacity (which the benchmark cannot read), so that only the interval differs.
+const SHADOW_CAPACITY: usize = 65_536;
+
 /// The shadow log's interval: 1 s, the layer's default, or `ROLLOUT_SHADOW_MS`.
 fn shadow_interval() -> Duration {
     let ms = std::env::var("ROLLOUT_SHADOW_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(1000);
@@ -323,7 +327,7 @@ fn layer<St: tower_idempotency::Store>(store: St, mode: RolloutMode) -> Idempote
         .scope_with(|parts| parts.headers.get("x-tenant")?.to_str().ok().map(tower_idempotency::Scope::new))
         .rollout(RolloutSwitch::new(mode));
     match std::env::var("ROLLOUT_SHADOW_MS") {
-        Ok(_) => layer.shadow_log(shadow_interval(), 16_384),
+        Ok(_) => layer.shadow_log(shadow_interval(), SHADOW_CAPACITY),
         Err(_) => layer,
     }
 }
