@@ -7,14 +7,14 @@
 //! - The writer gathers requests for the log's interval (1 s by default) after the first one
 //!   arrives, then records them all with one call of the store: on the SQL stores one
 //!   statement for up to 1,024 requests, so a thousand requests a second cost the database
-//!   one write of a thousand records, and no request waits on one (on SQLite, whose one write
-//!   lock the batch takes for a moment, a request that meets it waits that moment, unless the
-//!   records go to a file of their own:
-//!   [`IdempotencyLayer::shadow_store`](crate::IdempotencyLayer::shadow_store)). Fewer, larger
-//!   batches cost less a record: each commit writes the pages it changed once, however many
-//!   of its records share them. The `rollout` benchmark (10-second windows, two runs each) put
-//!   shadow mode on one SQLite file with `synchronous = NORMAL` at 1.39x and 1.54x `off` with
-//!   100 ms, and at 1.16x and 1.16x with 1 s.
+//!   one write of a thousand records, off every request's path. On SQLite the batch holds the
+//!   file's one write lock while it is written, and a request that needs the lock waits until
+//!   it is done, unless the records go to a file of their own
+//!   ([`IdempotencyLayer::shadow_store`](crate::IdempotencyLayer::shadow_store)): on one file,
+//!   shadow mode's cost tends towards what a record's write costs against a request's, which
+//!   with `synchronous = NORMAL` can be a third (README, "Rolling it out", has the `rollout`
+//!   benchmark's figures). Fewer, larger batches cost less per record: each commit writes the
+//!   pages it changed once, however many of its records share them.
 //! - Two requests with the same key in one batch are told apart here: the first is recorded,
 //!   and the second is what enforce mode would have made of it (a replay of the first, or a
 //!   reused key).
