@@ -10,9 +10,15 @@
 //! - `memory`: the layer over `MemoryStore`, the handler writing in its own transaction: the
 //!   layer's own work (buffering, fingerprint, capture, replay bookkeeping) with no store round
 //!   trips, so `memory / no layer` is what that work costs;
-//! - `atomic`: the layer in atomic mode; the handler writes through the claim's transaction;
+//! - `atomic`: the layer in atomic mode; the handler writes through the claim's transaction.
+//!   Its store chooses whether to read a record before it claims (`ReadBeforeClaim::Adaptive`,
+//!   the default): with every request a new key, it claims first;
+//! - `read first`: the same, with the store told always to read first
+//!   (`ReadBeforeClaim::Always`, the path before the choice existed): `atomic / read first` is
+//!   what claiming first gives new keys;
 //! - `leased`: the layer in leased mode; the handler writes in its own transaction;
-//! - `replay`: the layer in atomic mode, every request a retry of a completed key.
+//! - `replay`: the layer in atomic mode, every request a retry of a completed key, through a
+//!   store of its own on the same table (which, seeing only retries, reads first).
 //!
 //! Each scenario gets a warm-up, then `ROUNDS` measuring windows with `CONCURRENCY` keep-alive
 //! clients, one window per scenario per round, the order rotated each round. It prints
@@ -49,6 +55,7 @@ use bench_db::BenchDatabase;
 use http_load::KeyOf;
 use orders_app::{BODY, serve, serve_floor};
 use pg_cpu::{CpuSpent, PgCpu};
+use tower_idempotency::store::postgres::ReadBeforeClaim;
 use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore};
 
 const CONCURRENCY: usize = 32;
@@ -204,15 +211,24 @@ fn main() {
         let floor = serve_floor(pool.clone()).await;
         let with_memory = serve(pool.clone(), Some(IdempotencyLayer::new(MemoryStore::new()))).await;
         let with_atomic = serve(pool.clone(), Some(IdempotencyLayer::new(atomic.clone()))).await;
+        let reading =
+            PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic).read_before_claim(ReadBeforeClaim::Always);
+        let with_reading = serve(pool.clone(), Some(IdempotencyLayer::new(reading))).await;
         let with_leased = serve(pool.clone(), Some(IdempotencyLayer::new(leased))).await;
+        // The retries go to a server of their own on the same table: a store chooses whether to
+        // read before it claims from the requests it sees (`ReadBeforeClaim::Adaptive`), and
+        // the windows of the two scenarios alternate, as no one service's traffic does.
+        let replaying = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
+        let with_replaying = serve(pool.clone(), Some(IdempotencyLayer::new(replaying))).await;
         let scenarios = [
             Scenario::new("no layer", bare, unique("bare")),
             Scenario::new("floor", floor, unique("floor")),
             Scenario::new("memory", with_memory, unique("memory")),
             Scenario::new("atomic", with_atomic, unique("atomic")),
+            Scenario::new("read first", with_reading, unique("reading")),
             Scenario::new("leased", with_leased, unique("leased")),
             // Retries of 1000 keys the atomic scenario completed in its warm-up.
-            Scenario::new("replay", with_atomic, Arc::new(|n| format!("atomic-{}", n % 1000))),
+            Scenario::new("replay", with_replaying, Arc::new(|n| format!("atomic-{}", n % 1000))),
         ];
         for scenario in &scenarios {
             scenario.drive(WARM_UP).await;
@@ -255,12 +271,16 @@ fn main() {
                 m.requests()
             );
         }
-        let [bare, floor, memory, atomic, leased, replay] = &results[..] else { unreachable!("six scenarios") };
+        let [bare, floor, memory, atomic, reading, leased, replay] = &results[..] else {
+            unreachable!("seven scenarios")
+        };
         for (label, numerator, denominator, aim) in [
             ("atomic / no layer", atomic, bare, Some(0.75)),
             ("floor / no layer ", floor, bare, None),
             ("memory / no layer", memory, bare, None),
             ("atomic / floor   ", atomic, floor, Some(0.9)),
+            ("read first / floor", reading, floor, None),
+            ("atomic / read first", atomic, reading, None),
             ("atomic / leased  ", atomic, leased, Some(1.2)),
             ("replay / atomic  ", replay, atomic, Some(2.0)),
         ] {
@@ -275,6 +295,8 @@ fn main() {
         println!("PostgreSQL CPU per request (database backends; whole server):");
         for (label, numerator, denominator, aim) in [
             ("atomic / floor   ", atomic, floor, Some(1.15)),
+            ("read first / floor", reading, floor, None),
+            ("atomic / read first", atomic, reading, None),
             ("atomic / no layer", atomic, bare, None),
             ("floor / no layer ", floor, bare, None),
             ("replay / no layer", replay, bare, Some(0.5)),

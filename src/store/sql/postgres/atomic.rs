@@ -23,6 +23,9 @@ use crate::store::{Begin, BeginRequest, FinishError, Outcome, Retention, StaleLe
 /// The SQLSTATE the `_claim` function raises when a live record is in the way.
 const RECORD_EXISTS: &str = "TI001";
 
+/// The function called does not exist: the `_claim_first` of a database without migration 8.
+const UNDEFINED_FUNCTION: &str = "42883";
+
 /// A unique violation; on the records table's primary key, another record holds the identity.
 const UNIQUE_VIOLATION: &str = "23505";
 
@@ -34,17 +37,27 @@ const DEADLOCK_DETECTED: &str = "40P01";
 impl PostgresStore {
     pub(super) async fn begin_atomic(&self, request: &BeginRequest<'_>) -> Result<Begin<PgClaim>, StoreError> {
         let deadline = Instant::now() + request.wait;
-        // Retries of finished requests are the common case worth making cheap: one plain read,
-        // no transaction, no lock. A new key goes on to claim on the same connection, so the
-        // miss costs one round trip and no extra trip through the pool.
         let mut conn = acquire_by(&self.records.pool, deadline).await.map_err(unavailable)?;
-        let mut found = Pg::fetch_record(&mut conn, self.records.statements.read(request.id)).await?;
+        // Retries of finished requests are cheap when the record is read first: one plain read,
+        // no transaction, no lock; a new key then goes on to claim on the same connection, so
+        // the miss costs one round trip and no extra trip through the pool. When few requests
+        // find a record, the claim comes first instead, and itself deletes what the read would
+        // have had it replace (see `ReadBeforeClaim`).
+        let claim_first = !self.read_first.reads_first();
+        let mut found = if claim_first {
+            None
+        } else {
+            Pg::fetch_record(&mut conn, self.records.statements.read(request.id)).await?
+        };
         let mut held = Some(conn);
         // Whether the claim deletes a forgotten record, or a dead lease on a re-executable
         // route, under the lock, so that the outcome can take its place.
         let mut replace = false;
+        // Whether this request was counted yet (as finding a record or not), for the choice.
+        let mut observed = false;
         loop {
             if let Some(row) = found.take() {
+                self.read_first.observe_once(&mut observed, true);
                 // Something is in the way: resolve it without holding a connection while it waits.
                 held = None;
                 match self.records.resolve_existing(request, deadline, Some(row)).await? {
@@ -57,16 +70,21 @@ impl PostgresStore {
                 None => acquire_by(&self.records.pool, deadline).await.map_err(unavailable)?,
             };
             let lock_ms = millis(deadline.saturating_duration_since(Instant::now()));
-            let begin = self.atomic.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms, replace);
+            // The first claim of a request not read first finds out for itself what is there.
+            let first = claim_first && !observed;
+            let begin =
+                self.atomic.begin_claim(request.id, request.fingerprint, request.stale_lease, lock_ms, replace, first);
             let failed = match ManagedTx::begin(conn, begin).await {
                 Ok(tx) => {
+                    self.read_first.observe_once(&mut observed, false);
                     let handle = TxHandle::from_open(OpenTx::Managed(tx));
-                    let claim = AtomicClaim::new(self, request, handle, replace);
+                    let claim = AtomicClaim::new(self, request, handle, replace || claim_first);
                     return Ok(Begin::Claimed(PgClaim(Held::Atomic(claim))));
                 }
                 Err((error, failed)) => match sqlstate(&error).as_deref() {
                     Some(RECORD_EXISTS) => failed,
                     Some(LOCK_NOT_AVAILABLE) => {
+                        self.read_first.observe_once(&mut observed, true);
                         roll_back_failed_claim(failed).await;
                         return Ok(Begin::InFlight { retry_after: Duration::from_secs(1) });
                     }
@@ -74,15 +92,25 @@ impl PostgresStore {
                         roll_back_failed_claim(failed).await;
                         continue;
                     }
+                    Some(UNDEFINED_FUNCTION) if first => {
+                        // Migration 8 has not run: read first from now on.
+                        tracing::warn!(
+                            "idempotency: the records table has no claim_first function; run PostgresStore::migrate (reading first until then)"
+                        );
+                        self.read_first.unmigrated();
+                        roll_back_failed_claim(failed).await;
+                        return Err(unavailable(error));
+                    }
                     _ => {
                         roll_back_failed_claim(failed).await;
                         return Err(unavailable(error));
                     }
                 },
             };
-            // A concurrent claimant committed a record while this request waited for it. Roll
-            // the failed claim back and read the record in one round trip: a new statement,
-            // outside any transaction, so the read sees it whatever the isolation level.
+            // A record is there: one a concurrent claimant committed while this request waited
+            // for it, or (claiming first) one that was there all along. Roll the failed claim
+            // back and read the record in one round trip: a new statement, outside any
+            // transaction, so the read sees it whatever the isolation level.
             replace = false;
             found = rollback_and_read(failed, &self.atomic.read_literal(request.id)).await?;
         }
@@ -188,7 +216,8 @@ impl AtomicClaim {
         let deadline = Instant::now() + self.wait;
         let conn = acquire_by(&store.records.pool, deadline).await.map_err(|e| FinishError::Store(unavailable(e)))?;
         let policy = if self.reexecute { StaleLeasePolicy::Reexecute } else { StaleLeasePolicy::MarkUnknown };
-        let begin = store.atomic.begin_claim(&self.id, &self.fingerprint, policy, millis(self.wait), self.replace);
+        let begin =
+            store.atomic.begin_claim(&self.id, &self.fingerprint, policy, millis(self.wait), self.replace, false);
         match ManagedTx::begin(conn, begin).await {
             Ok(tx) => Ok(OpenTx::Managed(tx)),
             Err((error, conn)) => {
@@ -239,6 +268,8 @@ pub(super) struct AtomicStatements {
     partitions: u16,
     /// The `_claim` function, qualified.
     claim_function: String,
+    /// Migration 8's `_claim_first` function, qualified.
+    claim_first_function: String,
     /// The prepared INSERT of a record with its outcome.
     store_insert: SqlStr,
 }
@@ -252,6 +283,7 @@ impl AtomicStatements {
             bare_table: table.to_owned(),
             partitions: 0,
             claim_function: format!("\"{schema}\".\"{table}_claim\""),
+            claim_first_function: format!("\"{schema}\".\"{table}_claim_first\""),
             store_insert: AssertSqlSafe(format!(
                 "INSERT INTO {t} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                      response_status, response_headers, response_body, response_until, forget_at, \
@@ -293,16 +325,18 @@ impl AtomicStatements {
         policy: StaleLeasePolicy,
         lock_ms: i64,
         replace: bool,
+        first: bool,
     ) -> SqlStr {
         let lock_key = lock_key(id);
         let (id, fingerprint) = (bytea_literal(&id.to_hex()), bytea_literal(&fingerprint.to_hex()));
         let reexecute = policy == StaleLeasePolicy::Reexecute;
         // lock_timeout 0 would mean no bound at all.
         let lock_ms = lock_ms.clamp(1, i64::from(i32::MAX));
-        let mut statement = format!(
-            "BEGIN; SELECT {function}({id}, {lock_key}, {lock_ms}, {fingerprint}, {reexecute})",
-            function = self.claim_function,
-        );
+        // A request not read first: migration 8's function, which also deletes what `replace`
+        // would (a forgotten record, a dead lease on a re-executable route).
+        let function = if first && !replace { &self.claim_first_function } else { &self.claim_function };
+        let mut statement =
+            format!("BEGIN; SELECT {function}({id}, {lock_key}, {lock_ms}, {fingerprint}, {reexecute})");
         if replace {
             statement.push_str(&format!(
                 "; DELETE FROM {table} WHERE record_id = {id} \

@@ -1,0 +1,166 @@
+//! Atomic mode on the real PostgreSQL with the claim sent first, no read before it
+//! (`ReadBeforeClaim::Never`, migration 8's `<table>_claim_first`): the store suites, the
+//! duplicates released together, the HTTP storm, a dead lease taken over, and a database
+//! without migration 8.
+#![cfg(all(feature = "testkit", feature = "postgres"))]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tower_idempotency::store::postgres::ReadBeforeClaim;
+use tower_idempotency::testkit::store::{answer, claim, existing, fingerprint, fresh_id};
+use tower_idempotency::{
+    Begin, BeginRequest, Claim, CouplingMode, Outcome, PostgresStore, RecordState, StaleLeasePolicy, Store,
+};
+
+/// A migrated store in a schema of its own that claims first.
+async fn claim_first_store(mode: CouplingMode) -> PostgresStore {
+    support::pg_store(mode).await.read_before_claim(ReadBeforeClaim::Never)
+}
+
+mod atomic {
+    use tower_idempotency::CouplingMode;
+    tower_idempotency::store_suite!(atomic, crate::claim_first_store(CouplingMode::Atomic));
+
+    mod lifecycle {
+        use tower_idempotency::CouplingMode;
+        tower_idempotency::lifecycle_suite!(atomic, crate::claim_first_store(CouplingMode::Atomic));
+    }
+
+    #[cfg(feature = "axum")]
+    mod http {
+        use tower_idempotency::CouplingMode;
+        tower_idempotency::http_contract_suite!(crate::claim_first_store(CouplingMode::Atomic));
+    }
+}
+
+/// Identical begins released together, for several keys at once, on one table and on a hash
+/// partitioned one: exactly one contender of each key claims it, every other one replays its
+/// record (or is told it is in flight).
+#[tokio::test]
+async fn duplicates_released_together_claim_each_identity_once() {
+    const KEYS: usize = 24;
+    const DUPLICATES: usize = 16;
+    for partitioned in [false, true] {
+        let store = if partitioned {
+            support::pg_partitioned_store(CouplingMode::Atomic).await
+        } else {
+            support::pg_store(CouplingMode::Atomic).await
+        };
+        let store = store.read_before_claim(ReadBeforeClaim::Never);
+        let ids: Arc<Vec<_>> = Arc::new((0..KEYS).map(|_| fresh_id("first")).collect());
+        let executions: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
+        let answers = support::released_together(KEYS, DUPLICATES, 4, |k, _, barrier| {
+            let (store, ids, executions) = (store.clone(), ids.clone(), executions.clone());
+            async move {
+                let fp = fingerprint(9);
+                let request = BeginRequest::new(&ids[k], &fp).wait(Duration::from_secs(10));
+                barrier.wait().await;
+                let answer = match store.begin(request).await.expect("begin") {
+                    Begin::Claimed(claim) => {
+                        executions[k].fetch_add(1, Ordering::SeqCst);
+                        claim.finish(Outcome::Complete(answer("once"))).await.expect("finish");
+                        "claimed"
+                    }
+                    Begin::Existing(record) => {
+                        assert_eq!(record.state, RecordState::Completed);
+                        assert_eq!(record.response.expect("the stored answer").body, "once");
+                        "replayed"
+                    }
+                    Begin::InFlight { .. } => "in flight",
+                };
+                (k.to_string(), answer)
+            }
+        })
+        .await;
+        assert_eq!(answers.len(), KEYS);
+        for (k, executions) in executions.iter().enumerate() {
+            let executions = executions.load(Ordering::SeqCst);
+            assert_eq!(executions, 1, "partitioned {partitioned}: key {k} must be executed exactly once");
+        }
+        let records: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idempotency_records").fetch_one(store.pool()).await.unwrap();
+        assert_eq!(records, KEYS as i64, "partitioned {partitioned}: one record per key");
+    }
+}
+
+/// The HTTP storm of `pg_storm.rs` with the claim first: one order row per key, every other
+/// answer the identical replay or a 409.
+#[cfg(feature = "axum")]
+#[test]
+fn storm_of_identical_requests_creates_exactly_one_order_per_key() {
+    use axum::Router;
+    use axum::routing::post;
+    use tower_idempotency::IdempotencyLayer;
+
+    const KEYS: usize = 60;
+    const DUPLICATES: usize = 32;
+    tower_idempotency::testkit::run(async {
+        let store = claim_first_store(CouplingMode::Atomic).await;
+        sqlx::raw_sql(support::storm::CREATE_TABLE).execute(store.pool()).await.expect("orders table");
+        let layer = IdempotencyLayer::new(store.clone()).shared_scope("storm").operation("storm.create");
+        let app = Router::new().route("/orders", post(support::storm::create_order).layer(layer));
+
+        let answers = support::storm::storm(&app, "fstorm", KEYS, DUPLICATES, 4).await;
+
+        let rows = support::storm::orders_per_operation(store.pool()).await;
+        assert_eq!(rows.len(), KEYS, "every key must have created an order");
+        assert!(rows.iter().all(|(_, n)| *n == 1), "some key created more than one order: {rows:?}");
+        let conflicts = support::storm::check_answers(&answers, DUPLICATES);
+        println!("claim-first storm: {KEYS} keys x {DUPLICATES} requests, {conflicts} answers were 409");
+    });
+}
+
+/// A leased claim whose holder died, on a route that may run again: an atomic store that
+/// claims first takes the identity over in its claim (deleting the dead lease under the lock)
+/// when the request is the same, and leaves it for the stale-lease policy to answer when the
+/// request differs.
+#[tokio::test]
+async fn a_dead_lease_is_taken_over_by_the_same_request_only() {
+    let leased = support::pg_store(CouplingMode::Leased).await;
+    let first = leased.clone().mode(CouplingMode::Atomic).read_before_claim(ReadBeforeClaim::Never);
+    let (id, fp) = (fresh_id("dead-lease"), fingerprint(3));
+    let lease = Duration::from_millis(200);
+    let held = leased.begin(BeginRequest::new(&id, &fp).lease(lease)).await.expect("begin");
+    let Begin::Claimed(dead) = held else { panic!("a new identity is claimed") };
+    std::mem::forget(dead); // The holder dies: nothing releases or renews its lease.
+    tokio::time::sleep(lease * 2).await;
+
+    let other = fingerprint(4);
+    let request = BeginRequest::new(&id, &other).stale_lease(StaleLeasePolicy::Reexecute);
+    let refused = first.begin(request).await.expect("begin");
+    assert!(!matches!(refused, Begin::Claimed(_)), "another request does not take a dead lease over");
+
+    let request = BeginRequest::new(&id, &fp).stale_lease(StaleLeasePolicy::Reexecute);
+    let Begin::Claimed(claim) = first.begin(request).await.expect("begin") else {
+        panic!("the same request on a re-executable route takes the dead lease over")
+    };
+    claim.finish(Outcome::Complete(answer("again"))).await.expect("finish");
+    let record = existing(&first, BeginRequest::new(&id, &fp)).await;
+    assert_eq!(record.state, RecordState::Completed);
+    assert_eq!(record.response.expect("the answer").body, "again");
+}
+
+/// A database whose records table lacks migration 8: the first request that would claim first
+/// is answered `Unavailable`, and from then on the store reads first and claims as before.
+#[tokio::test]
+async fn without_migration_8_the_store_falls_back_to_reading_first() {
+    let store = claim_first_store(CouplingMode::Atomic).await;
+    sqlx::raw_sql("DROP FUNCTION idempotency_records_claim_first").execute(store.pool()).await.unwrap();
+    let (id, fp) = (fresh_id("unmigrated"), fingerprint(5));
+    let refused = store.begin(BeginRequest::new(&id, &fp)).await;
+    assert!(refused.is_err(), "the missing function is a store failure, not a claim");
+    for _ in 0..3 {
+        let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fp)).await.expect("begin") else {
+            panic!("reading first, the identity is claimed")
+        };
+        drop(claim); // Rolled back: the identity stays free.
+    }
+    let claim = claim(&store, BeginRequest::new(&id, &fp)).await;
+    claim.finish(Outcome::Complete(answer("read first"))).await.expect("finish");
+    let record = existing(&store, BeginRequest::new(&id, &fp)).await;
+    assert_eq!(record.response.expect("the answer").body, "read first");
+}
