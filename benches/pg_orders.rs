@@ -7,6 +7,11 @@
 //!   fingerprint, no buffering): only the extra row that keeps the answer with the order. So
 //!   `floor / no layer` is what that row alone costs on this machine, and bounds what
 //!   `atomic / no layer` can reach here;
+//! - `floor+read`: the floor, and what no claim can skip either: BEGIN travels with a read of the
+//!   record by its primary key (one round trip, as the store's claim goes), and the record
+//!   carries the labels the store keeps (operation, scope digest, operation id). No lock, no
+//!   function, no layer. `atomic / floor+read` is what the claim's wait for a concurrent
+//!   duplicate, its function call and the layer cost beyond that read;
 //! - `memory`: the layer over `MemoryStore`, the handler writing in its own transaction: the
 //!   layer's own work (buffering, fingerprint, capture, replay bookkeeping) with no store round
 //!   trips, so `memory / no layer` is what that work costs;
@@ -53,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use bench_db::BenchDatabase;
 use http_load::KeyOf;
-use orders_app::{BODY, serve, serve_floor};
+use orders_app::{BODY, serve, serve_floor, serve_floor_with_read};
 use pg_cpu::{CpuSpent, PgCpu};
 use tower_idempotency::store::postgres::ReadBeforeClaim;
 use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore};
@@ -209,6 +214,7 @@ fn main() {
 
         let bare = serve::<PostgresStore>(pool.clone(), None).await;
         let floor = serve_floor(pool.clone()).await;
+        let floor_with_read = serve_floor_with_read(pool.clone()).await;
         let with_memory = serve(pool.clone(), Some(IdempotencyLayer::new(MemoryStore::new()))).await;
         let with_atomic = serve(pool.clone(), Some(IdempotencyLayer::new(atomic.clone()))).await;
         let reading =
@@ -223,6 +229,7 @@ fn main() {
         let scenarios = [
             Scenario::new("no layer", bare, unique("bare")),
             Scenario::new("floor", floor, unique("floor")),
+            Scenario::new("floor+read", floor_with_read, unique("floor-read")),
             Scenario::new("memory", with_memory, unique("memory")),
             Scenario::new("atomic", with_atomic, unique("atomic")),
             Scenario::new("read first", with_reading, unique("reading")),
@@ -271,8 +278,8 @@ fn main() {
                 m.requests()
             );
         }
-        let [bare, floor, memory, atomic, reading, leased, replay] = &results[..] else {
-            unreachable!("seven scenarios")
+        let [bare, floor, floor_read, memory, atomic, reading, leased, replay] = &results[..] else {
+            unreachable!("eight scenarios")
         };
         for (label, numerator, denominator, aim) in [
             ("atomic / no layer", atomic, bare, Some(0.75)),
@@ -281,6 +288,8 @@ fn main() {
             ("atomic / floor   ", atomic, floor, Some(0.9)),
             ("read first / floor", reading, floor, None),
             ("atomic / read first", atomic, reading, None),
+            ("floor+read / floor", floor_read, floor, None),
+            ("atomic / floor+read", atomic, floor_read, None),
             ("atomic / leased  ", atomic, leased, Some(1.2)),
             ("replay / atomic  ", replay, atomic, Some(2.0)),
         ] {
@@ -297,6 +306,8 @@ fn main() {
             ("atomic / floor   ", atomic, floor, Some(1.15)),
             ("read first / floor", reading, floor, None),
             ("atomic / read first", atomic, reading, None),
+            ("floor+read / floor", floor_read, floor, None),
+            ("atomic / floor+read", atomic, floor_read, None),
             ("atomic / no layer", atomic, bare, None),
             ("floor / no layer ", floor, bare, None),
             ("replay / no layer", replay, bare, Some(0.5)),

@@ -76,6 +76,10 @@ fn created(order_id: uuid::Uuid, body: &str) -> (StatusCode, [(&'static str, Str
 /// the store's migration under another name.
 const FLOOR_RECORDS: &str = "floor_records";
 
+/// The records table of the floor with a read, the same shape, apart from [`FLOOR_RECORDS`] so
+/// that neither scenario's rows weigh on the other's.
+const FLOOR_READ_RECORDS: &str = "floor_read_records";
+
 /// The floor: the same order, and in the same transaction a row of the answer in a table of
 /// the layer's shape ([`FLOOR_RECORDS`]), written with prepared statements. No read first, no
 /// lock, no fingerprint check: only the row that keeps the answer with the order.
@@ -105,6 +109,49 @@ async fn create_order_and_record(
     .await
     .expect("insert the record");
     tx.commit().await.expect("commit");
+    answer
+}
+
+/// The floor with what no claim can skip: the same order and record as [`create_order_and_record`],
+/// but BEGIN travels with a read of the record by its primary key (one round trip, as the
+/// store's claim goes), and the record carries the labels the store writes with every record
+/// (operation, scope digest, operation id, whose hash index the record then joins). No lock, no
+/// function, no fingerprint, no layer.
+async fn create_order_read_and_record(
+    State(pool): State<PgPool>,
+    headers: HeaderMap,
+    body: String,
+) -> (StatusCode, [(&'static str, String); 2], String) {
+    let key = headers.get("idempotency-key").map_or(&[][..], |key| key.as_bytes());
+    let record_id = Sha256::digest(key);
+    let order_id = uuid::Uuid::new_v4();
+    let answer = created(order_id, &body);
+    let [(_, content_type), (_, location)] = &answer.1;
+    let kept_headers = format!("content-type: {content_type}\nlocation: {location}");
+    let mut conn = pool.acquire().await.expect("a connection");
+    let hex: String = record_id.iter().map(|byte| format!("{byte:02x}")).collect();
+    let begin_and_read = format!("BEGIN; SELECT 1 FROM {FLOOR_READ_RECORDS} WHERE record_id = E'\\\\x{hex}'::bytea");
+    let found = sqlx::raw_sql(sqlx::AssertSqlSafe(begin_and_read)).fetch_all(&mut *conn).await.expect("begin and read");
+    assert!(found.is_empty(), "every request of the floor is a new key");
+    insert_order(order_id, String::new(), &body).execute(&mut *conn).await.expect("insert the order");
+    sqlx::query(
+        "INSERT INTO floor_read_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+             response_status, response_headers, response_body, response_until, forget_at, \
+             operation, scope_digest, operation_id) \
+         VALUES ($1, 'completed', 1, $2, 0, 201, $3, $4, clock_timestamp() + interval '1 day', \
+             clock_timestamp() + interval '2 days', $5, $6, $7)",
+    )
+    .bind(record_id.to_vec())
+    .bind(Sha256::digest(body.as_bytes()).to_vec())
+    .bind(kept_headers.into_bytes())
+    .bind(answer.2.clone().into_bytes())
+    .bind("POST /orders")
+    .bind(Scope::new("bench-account").digest().to_vec())
+    .bind(record_id[..16].to_vec())
+    .execute(&mut *conn)
+    .await
+    .expect("insert the record");
+    sqlx::raw_sql("COMMIT").execute(&mut *conn).await.expect("commit");
     answer
 }
 
@@ -140,6 +187,15 @@ pub async fn serve_floor(pool: PgPool) -> std::net::SocketAddr {
     let records = PostgresStore::new(pool.clone()).table(FLOOR_RECORDS).expect("a valid table name");
     records.migrate().await.expect("create the floor's records table");
     listen(Router::new().route("/orders", post(create_order_and_record)).with_state(pool)).await
+}
+
+/// Creates a records table of its own ([`FLOOR_READ_RECORDS`]) and serves the floor with the
+/// read no claim can skip ([`create_order_read_and_record`]) on a loopback port; its address.
+#[allow(dead_code)] // Only the PostgreSQL benchmark measures the floor.
+pub async fn serve_floor_with_read(pool: PgPool) -> std::net::SocketAddr {
+    let records = PostgresStore::new(pool.clone()).table(FLOOR_READ_RECORDS).expect("a valid table name");
+    records.migrate().await.expect("create the records table of the floor with a read");
+    listen(Router::new().route("/orders", post(create_order_read_and_record)).with_state(pool)).await
 }
 
 async fn listen(app: Router) -> std::net::SocketAddr {
