@@ -106,7 +106,7 @@ impl Window {
 }
 
 /// What the clients do.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Work {
     /// New keys: `begin` then `finish` with the answer.
     Claim,
@@ -155,7 +155,7 @@ impl Target {
                             claim.finish(Outcome::Complete(answer())).await.expect("finish");
                         }
                         (Work::Replay, Begin::Existing(record)) => assert!(record.response.is_some(), "a replay"),
-                        _ => panic!("{name}: unexpected answer from the store"),
+                        (work, other) => panic!("{name}: unexpected answer from the store to {work:?}: {other:?}"),
                     }
                     latencies.push(started.elapsed());
                 }

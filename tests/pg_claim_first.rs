@@ -1,13 +1,11 @@
 //! Atomic mode on the real PostgreSQL with the claim sent first, no read before it
 //! (`ReadBeforeClaim::Never`, migration 8's `<table>_claim_first`): the store suites, the
-//! duplicates released together, the HTTP storm, a dead lease taken over, and a database
-//! without migration 8.
+//! duplicates released together, the HTTP storm, concurrent retries of a finished request, a
+//! dead lease taken over, and a database without migration 8.
 #![cfg(all(feature = "testkit", feature = "postgres"))]
 
 mod support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tower_idempotency::store::postgres::ReadBeforeClaim;
@@ -51,35 +49,10 @@ async fn duplicates_released_together_claim_each_identity_once() {
             support::pg_store(CouplingMode::Atomic).await
         };
         let store = store.read_before_claim(ReadBeforeClaim::Never);
-        let ids: Arc<Vec<_>> = Arc::new((0..KEYS).map(|_| fresh_id("first")).collect());
-        let executions: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
-        let answers = support::released_together(KEYS, DUPLICATES, 4, |k, _, barrier| {
-            let (store, ids, executions) = (store.clone(), ids.clone(), executions.clone());
-            async move {
-                let fp = fingerprint(9);
-                let request = BeginRequest::new(&ids[k], &fp).wait(Duration::from_secs(10));
-                barrier.wait().await;
-                let answer = match store.begin(request).await.expect("begin") {
-                    Begin::Claimed(claim) => {
-                        executions[k].fetch_add(1, Ordering::SeqCst);
-                        claim.finish(Outcome::Complete(answer("once"))).await.expect("finish");
-                        "claimed"
-                    }
-                    Begin::Existing(record) => {
-                        assert_eq!(record.state, RecordState::Completed);
-                        assert_eq!(record.response.expect("the stored answer").body, "once");
-                        "replayed"
-                    }
-                    Begin::InFlight { .. } => "in flight",
-                };
-                (k.to_string(), answer)
-            }
-        })
-        .await;
+        let (executions, answers) = support::begins_released_together(&store, KEYS, DUPLICATES).await;
         assert_eq!(answers.len(), KEYS);
         for (k, executions) in executions.iter().enumerate() {
-            let executions = executions.load(Ordering::SeqCst);
-            assert_eq!(executions, 1, "partitioned {partitioned}: key {k} must be executed exactly once");
+            assert_eq!(*executions, 1, "partitioned {partitioned}: key {k} must be executed exactly once");
         }
         let records: i64 =
             sqlx::query_scalar("SELECT count(*) FROM idempotency_records").fetch_one(store.pool()).await.unwrap();
@@ -142,6 +115,37 @@ async fn a_dead_lease_is_taken_over_by_the_same_request_only() {
     let record = existing(&first, BeginRequest::new(&id, &fp)).await;
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.response.expect("the answer").body, "again");
+}
+
+/// Retries of one finished request at once, with no wait (`BeginRequest::new`'s default): each
+/// claim first finds the record under the lock, and a retry that finds the lock held by another
+/// such retry is answered from the record too, never told the finished request is in flight.
+#[tokio::test]
+async fn concurrent_retries_of_a_finished_request_all_replay_without_a_wait() {
+    const RETRIES: usize = 8;
+    const ROUNDS: usize = 50;
+    let store = claim_first_store(CouplingMode::Atomic).await;
+    let (id, fp) = (fresh_id("retries"), fingerprint(5));
+    claim(&store, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("done"))).await.expect("finish");
+    for round in 0..ROUNDS {
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(RETRIES));
+        let retries: Vec<_> = (0..RETRIES)
+            .map(|_| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let fp = fingerprint(5);
+                    barrier.wait().await;
+                    store.begin(BeginRequest::new(&id, &fp)).await.expect("begin")
+                })
+            })
+            .collect();
+        for retry in retries {
+            match retry.await.expect("retry") {
+                Begin::Existing(record) => assert_eq!(record.response.expect("the answer").body, "done"),
+                other => panic!("round {round}: a retry of a finished request got {other:?}"),
+            }
+        }
+    }
 }
 
 /// A database whose records table lacks migration 8: the first request that would claim first

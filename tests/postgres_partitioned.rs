@@ -8,8 +8,6 @@ mod support;
 
 support::suites_in_both_modes!(crate::support::pg_partitioned_store);
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -131,34 +129,10 @@ async fn duplicates_released_together_claim_each_identity_once() {
     const DUPLICATES: usize = 16;
     for mode in [CouplingMode::Atomic, CouplingMode::Leased] {
         let store = support::pg_partitioned_store(mode).await;
-        let ids: Arc<Vec<_>> = Arc::new((0..KEYS).map(|_| fresh_id("released")).collect());
-        let executions: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
-        let answers = support::released_together(KEYS, DUPLICATES, 4, |k, _, barrier| {
-            let (store, ids, executions) = (store.clone(), ids.clone(), executions.clone());
-            async move {
-                let fp = fingerprint(9);
-                let request = BeginRequest::new(&ids[k], &fp).wait(Duration::from_secs(10));
-                barrier.wait().await;
-                let answer = match store.begin(request).await.expect("begin") {
-                    Begin::Claimed(claim) => {
-                        executions[k].fetch_add(1, Ordering::SeqCst);
-                        claim.finish(Outcome::Complete(answer("once"))).await.expect("finish");
-                        "claimed"
-                    }
-                    Begin::Existing(record) => {
-                        assert_eq!(record.state, RecordState::Completed);
-                        assert_eq!(record.response.expect("the stored answer").body, "once");
-                        "replayed"
-                    }
-                    Begin::InFlight { .. } => "in flight",
-                };
-                (k.to_string(), answer)
-            }
-        })
-        .await;
+        let (executions, answers) = support::begins_released_together(&store, KEYS, DUPLICATES).await;
         assert_eq!(answers.len(), KEYS);
         for (k, executions) in executions.iter().enumerate() {
-            assert_eq!(executions.load(Ordering::SeqCst), 1, "{mode:?}: key {k} must be executed exactly once");
+            assert_eq!(*executions, 1, "{mode:?}: key {k} must be executed exactly once");
         }
         for (key, answers) in &answers {
             assert_eq!(answers.iter().filter(|a| **a == "claimed").count(), 1, "{mode:?}: key {key}: {answers:?}");

@@ -86,6 +86,52 @@ where
     answers
 }
 
+/// For each of `keys` fresh identities, `duplicates` identical begins on `store`, released
+/// together four keys at a time ([`released_together`]); a contender that claims stores the
+/// answer `once`, one that finds the record checks it is that answer. How many times each key
+/// was executed, and each key's answers (`claimed`, `replayed`, `in flight`).
+#[cfg(feature = "testkit")]
+pub async fn begins_released_together<S>(
+    store: &S,
+    keys: usize,
+    duplicates: usize,
+) -> (Vec<usize>, std::collections::HashMap<String, Vec<&'static str>>)
+where
+    S: tower_idempotency::Store + Clone + 'static,
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower_idempotency::testkit::store::{answer, fingerprint, fresh_id};
+    use tower_idempotency::{Begin, BeginRequest, Claim, Outcome, RecordState};
+
+    let ids: Arc<Vec<_>> = Arc::new((0..keys).map(|_| fresh_id("released")).collect());
+    let executions: Arc<Vec<AtomicUsize>> = Arc::new((0..keys).map(|_| AtomicUsize::new(0)).collect());
+    let answers = released_together(keys, duplicates, 4, |k, _, barrier| {
+        let (store, ids, executions) = (store.clone(), ids.clone(), executions.clone());
+        async move {
+            let fp = fingerprint(9);
+            let request = BeginRequest::new(&ids[k], &fp).wait(std::time::Duration::from_secs(10));
+            barrier.wait().await;
+            let answer = match store.begin(request).await.expect("begin") {
+                Begin::Claimed(claim) => {
+                    executions[k].fetch_add(1, Ordering::SeqCst);
+                    claim.finish(Outcome::Complete(answer("once"))).await.expect("finish");
+                    "claimed"
+                }
+                Begin::Existing(record) => {
+                    assert_eq!(record.state, RecordState::Completed);
+                    assert_eq!(record.response.expect("the stored answer").body, "once");
+                    "replayed"
+                }
+                Begin::InFlight { .. } => "in flight",
+            };
+            (k.to_string(), answer)
+        }
+    })
+    .await;
+    (executions.iter().map(|n| n.load(Ordering::SeqCst)).collect(), answers)
+}
+
 /// The PostgreSQL server the tests use.
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())

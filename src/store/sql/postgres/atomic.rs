@@ -83,6 +83,20 @@ impl PostgresStore {
                 }
                 Err((error, failed)) => match sqlstate(&error).as_deref() {
                     Some(RECORD_EXISTS) => failed,
+                    Some(LOCK_NOT_AVAILABLE) if first => {
+                        // Claiming first, the lock's holder may be a request that found this
+                        // identity's record and is about to roll back (a retry of a finished
+                        // request, as this one may be): read the record, as reading first would
+                        // have, and answer from it. Only with nothing there is the holder a
+                        // claimant still in flight.
+                        self.read_first.observe_once(&mut observed, true);
+                        replace = false;
+                        found = rollback_and_read(failed, &self.atomic.read_literal(request.id)).await?;
+                        if found.is_none() {
+                            return Ok(Begin::InFlight { retry_after: Duration::from_secs(1) });
+                        }
+                        continue;
+                    }
                     Some(LOCK_NOT_AVAILABLE) => {
                         self.read_first.observe_once(&mut observed, true);
                         roll_back_failed_claim(failed).await;
