@@ -1,7 +1,8 @@
 //! Atomic mode on the real PostgreSQL with the claim sent first, no read before it
 //! (`ReadBeforeClaim::Never`, migration 8's `<table>_claim_first`): the store suites, the
-//! duplicates released together, the HTTP storm, concurrent retries of a finished request, a
-//! dead lease taken over, and a database without migration 8.
+//! duplicates released together, the HTTP storm, concurrent retries of a finished request and
+//! one while the identity's lock is held, a dead lease taken over, and a database without
+//! migration 8.
 #![cfg(all(feature = "testkit", feature = "postgres"))]
 
 mod support;
@@ -146,6 +147,28 @@ async fn concurrent_retries_of_a_finished_request_all_replay_without_a_wait() {
             }
         }
     }
+}
+
+/// A retry of a finished request is refused by the claim before it takes the identity's lock,
+/// so it does not wait for whoever holds that lock: here another session holds it throughout,
+/// and the retry, allowed to wait ten minutes, is answered from the record at once.
+#[tokio::test]
+async fn a_retry_of_a_finished_request_does_not_wait_for_the_lock() {
+    let store = claim_first_store(CouplingMode::Atomic).await;
+    let (id, fp) = (fresh_id("unlocked"), fingerprint(6));
+    claim(&store, BeginRequest::new(&id, &fp)).await.finish(Outcome::Complete(answer("done"))).await.expect("finish");
+    // The claim's advisory lock key: the first eight bytes of the identity's digest.
+    let lock_key = u64::from_str_radix(&id.to_hex()[..16], 16).expect("hex") as i64;
+    let mut holder = store.pool().acquire().await.expect("a connection");
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(lock_key).execute(&mut *holder).await.expect("hold the lock");
+
+    let retry = store.begin(BeginRequest::new(&id, &fp).wait(Duration::from_secs(600)));
+    let answered = tokio::time::timeout(Duration::from_secs(60), retry).await;
+    let Ok(Ok(Begin::Existing(record))) = answered else {
+        panic!("a retry of a finished request waited for the lock or was not replayed: {answered:?}")
+    };
+    assert_eq!(record.response.expect("the answer").body, "done");
+    sqlx::query("SELECT pg_advisory_unlock($1)").bind(lock_key).execute(&mut *holder).await.expect("unlock");
 }
 
 /// A database whose records table lacks migration 8: the first request that would claim first

@@ -7,7 +7,12 @@
 -- lock, the same TI001 when a live record is there), and it also does, under the lock, what the
 -- read would have told the store to do: a forgotten record, or a dead lease on a re-executable
 -- route whose fingerprint matches, is deleted so that the outcome's INSERT can take its place.
--- One primary-key probe either way.
+--
+-- A live record (a retry of a finished request, most often) is refused before the lock is taken,
+-- by a probe of the primary key: retries of one identity never queue on each other's lock, which
+-- a claim holds until its ROLLBACK. Only when nothing live is there does the function take the
+-- lock and look again (a claimant it waited for may have committed meanwhile): two probes for a
+-- new key, one for a retry.
 CREATE OR REPLACE FUNCTION "{schema}"."{table}_claim_first"(
     p_record_id bytea,
     p_lock_key bigint,
@@ -19,6 +24,15 @@ DECLARE
     v_lock_timeout text;
     v_replaceable boolean;
 BEGIN
+    IF EXISTS (
+        SELECT 1 FROM "{schema}"."{table}" r
+         WHERE r.record_id = p_record_id
+           AND NOT COALESCE(r.forget_at <= clock_timestamp(), false)
+           AND NOT (p_reexecute AND r.state = 'processing' AND COALESCE(r.lease_until <= clock_timestamp(), false)
+                    AND r.fingerprint = p_fingerprint)
+    ) THEN
+        RAISE EXCEPTION USING ERRCODE = 'TI001', MESSAGE = 'an idempotency record exists for this identity';
+    END IF;
     IF NOT pg_try_advisory_xact_lock(p_lock_key) THEN
         v_lock_timeout := current_setting('lock_timeout');
         PERFORM set_config('lock_timeout', p_lock_ms::text, true);
