@@ -66,24 +66,11 @@ async fn duplicates_released_together_claim_each_identity_once() {
 #[cfg(feature = "axum")]
 #[test]
 fn storm_of_identical_requests_creates_exactly_one_order_per_key() {
-    use axum::Router;
-    use axum::routing::post;
-    use tower_idempotency::IdempotencyLayer;
-
     const KEYS: usize = 60;
     const DUPLICATES: usize = 32;
     tower_idempotency::testkit::run(async {
         let store = claim_first_store(CouplingMode::Atomic).await;
-        sqlx::raw_sql(support::storm::CREATE_TABLE).execute(store.pool()).await.expect("orders table");
-        let layer = IdempotencyLayer::new(store.clone()).shared_scope("storm").operation("storm.create");
-        let app = Router::new().route("/orders", post(support::storm::create_order).layer(layer));
-
-        let answers = support::storm::storm(&app, "fstorm", KEYS, DUPLICATES, 4).await;
-
-        let rows = support::storm::orders_per_operation(store.pool()).await;
-        assert_eq!(rows.len(), KEYS, "every key must have created an order");
-        assert!(rows.iter().all(|(_, n)| *n == 1), "some key created more than one order: {rows:?}");
-        let conflicts = support::storm::check_answers(&answers, DUPLICATES);
+        let conflicts = support::storm::pg_storm(&store, "fstorm", KEYS, DUPLICATES, 4).await;
         println!("claim-first storm: {KEYS} keys x {DUPLICATES} requests, {conflicts} answers were 409");
     });
 }

@@ -1,4 +1,4 @@
-//! The storm both storm tests run: for each key, many identical requests released together
+//! The storm the storm tests run: for each key, many identical requests released together
 //! behind a barrier, a few keys at a time; then the checks every storm must pass.
 
 use std::collections::HashMap;
@@ -51,6 +51,34 @@ pub async fn orders_per_operation(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
         .fetch_all(pool)
         .await
         .expect("count the orders")
+}
+
+/// The storm on PostgreSQL: `store`'s layer on `POST /orders` writing to the orders table, which
+/// this creates in `store`'s schema, `keys` keys of `duplicates` identical requests
+/// ([`storm`]); then the checks every storm must pass: one order per key, each key executed
+/// once, every other answer the identical replay or a 409 ([`check_answers`]). Returns how many
+/// answers were 409.
+#[cfg(feature = "postgres")]
+pub async fn pg_storm(
+    store: &tower_idempotency::PostgresStore,
+    label: &str,
+    keys: usize,
+    duplicates: usize,
+    keys_at_once: usize,
+) -> usize {
+    use axum::routing::post;
+    use tower_idempotency::IdempotencyLayer;
+
+    sqlx::raw_sql(CREATE_TABLE).execute(store.pool()).await.expect("orders table");
+    let layer = IdempotencyLayer::new(store.clone()).shared_scope("storm").operation("storm.create");
+    let app = Router::new().route("/orders", post(create_order).layer(layer));
+
+    let answers = storm(&app, label, keys, duplicates, keys_at_once).await;
+
+    let rows = orders_per_operation(store.pool()).await;
+    assert_eq!(rows.len(), keys, "every key must have created an order");
+    assert!(rows.iter().all(|(_, n)| *n == 1), "some key created more than one order: {rows:?}");
+    check_answers(&answers, duplicates)
 }
 
 /// One answer: status, whether it was a replay, body.
