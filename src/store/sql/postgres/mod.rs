@@ -47,7 +47,7 @@
 //! record in one round trip, as after a lost wait), else takes the same lock, looks again, and
 //! deletes under the lock what the read would have had step 2 delete. A claim whose wait runs
 //! out reads the record too, and answers from it if there is one. In `pg_orders`, PostgreSQL's CPU for a new key was 0.85x to 1.02x
-//! that of reading first over five runs (median 0.88x), each ratio from one run; 0.90x in one
+//! that of reading first over six runs (median 0.87x), each ratio from one run; 0.90x in one
 //! run after the probe before the lock was added.
 //!
 //! What is left over a bare write is the read: `pg_orders` also measures the floor (the handler
