@@ -46,9 +46,9 @@
 //! of one identity do not queue on each other's lock; the store then rolls back and reads the
 //! record in one round trip, as after a lost wait), else takes the same lock, looks again, and
 //! deletes under the lock what the read would have had step 2 delete. A claim whose wait runs
-//! out reads the record too, and answers from it if there is one. In `pg_orders`, PostgreSQL's CPU for a new key was 0.85x to 1.02x
-//! that of reading first over six runs (median 0.87x), each ratio from one run; 0.90x in one
-//! run after the probe before the lock was added.
+//! out reads the record too, and answers from it if there is one. In `pg_orders`, PostgreSQL's
+//! CPU for a new key was 0.85x to 1.02x that of reading first over six runs (median 0.87x),
+//! each ratio from one run; 0.90x in one run after the probe before the lock was added.
 //!
 //! What is left over a bare write is the read: `pg_orders` also measures the floor (the handler
 //! writing its answer's row itself) with a plain read of that row sent with `BEGIN`
