@@ -32,7 +32,7 @@ async fn create_order(
     context: Option<IdempotencyContext>,
     tx: Option<TxHandle<Postgres>>,
     body: String,
-) -> (StatusCode, [(&'static str, String); 2], String) {
+) -> Created {
     let order_id = uuid::Uuid::new_v4();
     let operation_id = context.as_ref().map_or("", |c| c.operation_id()).to_owned();
     let insert = insert_order(order_id, operation_id, &body);
@@ -62,8 +62,11 @@ fn insert_order(
         .bind(body.to_owned())
 }
 
+/// The handlers' answer: status, content type and location, JSON body.
+type Created = (StatusCode, [(&'static str, String); 2], String);
+
 /// The handlers' answer: 201 with the order's location and a JSON body.
-fn created(order_id: uuid::Uuid, body: &str) -> (StatusCode, [(&'static str, String); 2], String) {
+fn created(order_id: uuid::Uuid, body: &str) -> Created {
     let json = format!("{{\"order_id\":\"{order_id}\",\"body\":{body}}}");
     (
         StatusCode::CREATED,
@@ -80,19 +83,21 @@ const FLOOR_RECORDS: &str = "floor_records";
 /// that neither scenario's rows weigh on the other's.
 const FLOOR_READ_RECORDS: &str = "floor_read_records";
 
+/// The handlers' answer for `order_id`, and its headers as the floors keep them beside it.
+fn answer_and_kept_headers(order_id: uuid::Uuid, body: &str) -> (Created, String) {
+    let answer = created(order_id, body);
+    let [(_, content_type), (_, location)] = &answer.1;
+    let kept_headers = format!("content-type: {content_type}\nlocation: {location}");
+    (answer, kept_headers)
+}
+
 /// The floor: the same order, and in the same transaction a row of the answer in a table of
 /// the layer's shape ([`FLOOR_RECORDS`]), written with prepared statements. No read first, no
 /// lock, no fingerprint check: only the row that keeps the answer with the order.
-async fn create_order_and_record(
-    State(pool): State<PgPool>,
-    headers: HeaderMap,
-    body: String,
-) -> (StatusCode, [(&'static str, String); 2], String) {
+async fn create_order_and_record(State(pool): State<PgPool>, headers: HeaderMap, body: String) -> Created {
     let key = headers.get("idempotency-key").map_or(&[][..], |key| key.as_bytes());
     let order_id = uuid::Uuid::new_v4();
-    let answer = created(order_id, &body);
-    let [(_, content_type), (_, location)] = &answer.1;
-    let kept_headers = format!("content-type: {content_type}\nlocation: {location}");
+    let (answer, kept_headers) = answer_and_kept_headers(order_id, &body);
     let mut tx = pool.begin().await.expect("begin");
     insert_order(order_id, String::new(), &body).execute(&mut *tx).await.expect("insert the order");
     sqlx::query(
@@ -117,17 +122,11 @@ async fn create_order_and_record(
 /// store's claim goes), and the record carries the labels the store writes with every record
 /// (operation, scope digest, operation id, whose hash index the record then joins). No lock, no
 /// function, no fingerprint, no layer.
-async fn create_order_read_and_record(
-    State(pool): State<PgPool>,
-    headers: HeaderMap,
-    body: String,
-) -> (StatusCode, [(&'static str, String); 2], String) {
+async fn create_order_read_and_record(State(pool): State<PgPool>, headers: HeaderMap, body: String) -> Created {
     let key = headers.get("idempotency-key").map_or(&[][..], |key| key.as_bytes());
     let record_id = Sha256::digest(key);
     let order_id = uuid::Uuid::new_v4();
-    let answer = created(order_id, &body);
-    let [(_, content_type), (_, location)] = &answer.1;
-    let kept_headers = format!("content-type: {content_type}\nlocation: {location}");
+    let (answer, kept_headers) = answer_and_kept_headers(order_id, &body);
     let mut conn = pool.acquire().await.expect("a connection");
     let hex: String = record_id.iter().map(|byte| format!("{byte:02x}")).collect();
     let begin_and_read = format!("BEGIN; SELECT 1 FROM {FLOOR_READ_RECORDS} WHERE record_id = E'\\\\x{hex}'::bytea");

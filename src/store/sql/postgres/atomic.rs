@@ -84,11 +84,10 @@ impl PostgresStore {
                 Err((error, failed)) => match sqlstate(&error).as_deref() {
                     Some(RECORD_EXISTS) => failed,
                     Some(LOCK_NOT_AVAILABLE) if first => {
-                        // Claiming first, the lock's holder may be a request that found this
-                        // identity's record and is about to roll back (a retry of a finished
-                        // request, as this one may be): read the record, as reading first would
-                        // have, and answer from it. Only with nothing there is the holder a
-                        // claimant still in flight.
+                        // Claiming first, this request has not read the record: its holder may
+                        // have committed one as the wait ran out. Read it, as reading first would
+                        // have, and answer from it; only with nothing there is the holder still in
+                        // flight. (Only the first claim reads here, so this cannot loop.)
                         self.read_first.observe_once(&mut observed, true);
                         replace = false;
                         found = rollback_and_read(failed, &self.atomic.read_literal(request.id)).await?;

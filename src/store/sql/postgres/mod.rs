@@ -52,10 +52,9 @@
 //!
 //! What is left over a bare write is the read: `pg_orders` also measures the floor (the handler
 //! writing its answer's row itself) with a plain read of that row sent with `BEGIN`
-//! (`floor+read`), and atomic mode took 0.99x and 1.06x its PostgreSQL CPU per request in two
-//! runs: within the noise of those runs, the lock and the function add nothing beyond that read
-//! (which the plain read pays as a statement parsed and planned each time, and the function as
-//! a statement of its own planned once per connection).
+//! (`floor+read`), and atomic mode took 0.99x, 1.06x and 1.09x its PostgreSQL CPU per request
+//! in three runs: the lock and the function add at most a few percent beyond that read, within
+//! the noise of those runs.
 //!
 //! At READ COMMITTED (PostgreSQL's default) step 2 sees a record committed while it waited. At
 //! REPEATABLE READ or SERIALIZABLE its snapshot predates the wait, so a duplicate may run the
