@@ -56,6 +56,27 @@
 //! in three runs: the lock and the function add at most a few percent beyond that read, within
 //! the noise of those runs.
 //!
+//! `benches/pg_claim_parts.rs` takes those transactions apart, as plain sqlx transactions with
+//! no layer and no HTTP (five runs, per-round medians). The floor's statements with the row read
+//! first by a prepared statement, the cheapest read sqlx can send, took 1.17x to 1.27x the
+//! floor's PostgreSQL CPU (the labels alone 1.01x to 1.09x); with the read sent with `BEGIN`,
+//! as `floor+read` does, 1.36x to 1.44x; atomic mode's own statements 1.31x to 1.49x, and
+//! 0.99x to 1.06x those of `floor+read`. A prepared read by primary key cost 26 to 35 µs over a
+//! bare `BEGIN`/`COMMIT`, the same read parsed with `BEGIN` 56 to 73 µs, the claim function 55
+//! to 65 µs. So no claim that reads the record can come within 1.15x of the floor here. Tried
+//! against atomic mode's statements in the same runs, and not kept:
+//!
+//! - the claim function called by a prepared statement after a `BEGIN` of its own: 0.93x to
+//!   1.02x;
+//! - the lock's try sent with `BEGIN`, then the record read by a prepared statement (a claim
+//!   with no function): 0.96x and 0.97x in two runs;
+//! - a claim by the primary key's own wait (the record's row inserted first, the answer written
+//!   over it at the end): 1.31x to 1.45x the floor, no better than the lock;
+//! - the record's INSERT written as literals and sent with `COMMIT` (`INSERT ...; COMMIT;
+//!   BEGIN`, the empty transaction's `ROLLBACK` queued for the pool's release check): in
+//!   `pg_orders`, atomic mode's CPU per request rose from 1.01x to 1.27x that of `floor+read`
+//!   (two runs minutes apart), the INSERT's parse and plan costing more than the round trip.
+//!
 //! At READ COMMITTED (PostgreSQL's default) step 2 sees a record committed while it waited. At
 //! REPEATABLE READ or SERIALIZABLE its snapshot predates the wait, so a duplicate may run the
 //! handler after the first request committed; step 4 then rolls it back and answers 503
