@@ -12,6 +12,9 @@
 //!   carries the labels the store keeps (operation, scope digest, operation id). No lock, no
 //!   function, no layer. `atomic / floor+read` is what the claim's wait for a concurrent
 //!   duplicate, its function call and the layer cost beyond that read;
+//! - `floor+prep`: the same, with the cheapest read sqlx can send instead: `BEGIN`, then the
+//!   record read by a prepared statement (parsed and planned once per connection) in a round
+//!   trip of its own;
 //! - `memory`: the layer over `MemoryStore`, the handler writing in its own transaction: the
 //!   layer's own work (buffering, fingerprint, capture, replay bookkeeping) with no store round
 //!   trips, so `memory / no layer` is what that work costs;
@@ -58,7 +61,7 @@ use std::time::{Duration, Instant};
 
 use bench_db::BenchDatabase;
 use http_load::KeyOf;
-use orders_app::{BODY, serve, serve_floor, serve_floor_with_read};
+use orders_app::{BODY, serve, serve_floor, serve_floor_with_prepared_read, serve_floor_with_read};
 use pg_cpu::{CpuSpent, PgCpu};
 use tower_idempotency::store::postgres::ReadBeforeClaim;
 use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore};
@@ -215,6 +218,7 @@ fn main() {
         let bare = serve::<PostgresStore>(pool.clone(), None).await;
         let floor = serve_floor(pool.clone()).await;
         let floor_with_read = serve_floor_with_read(pool.clone()).await;
+        let floor_with_prepared_read = serve_floor_with_prepared_read(pool.clone()).await;
         let with_memory = serve(pool.clone(), Some(IdempotencyLayer::new(MemoryStore::new()))).await;
         let with_atomic = serve(pool.clone(), Some(IdempotencyLayer::new(atomic.clone()))).await;
         let reading =
@@ -230,6 +234,7 @@ fn main() {
             Scenario::new("no layer", bare, unique("bare")),
             Scenario::new("floor", floor, unique("floor")),
             Scenario::new("floor+read", floor_with_read, unique("floor-read")),
+            Scenario::new("floor+prep", floor_with_prepared_read, unique("floor-prepared-read")),
             Scenario::new("memory", with_memory, unique("memory")),
             Scenario::new("atomic", with_atomic, unique("atomic")),
             Scenario::new("read first", with_reading, unique("reading")),
@@ -278,8 +283,8 @@ fn main() {
                 m.requests()
             );
         }
-        let [bare, floor, floor_read, memory, atomic, reading, leased, replay] = &results[..] else {
-            unreachable!("eight scenarios")
+        let [bare, floor, floor_read, floor_prepared, memory, atomic, reading, leased, replay] = &results[..] else {
+            unreachable!("nine scenarios")
         };
         for (label, numerator, denominator, aim) in [
             ("atomic / no layer", atomic, bare, Some(0.75)),
@@ -290,6 +295,8 @@ fn main() {
             ("atomic / read first", atomic, reading, None),
             ("floor+read / floor", floor_read, floor, None),
             ("atomic / floor+read", atomic, floor_read, None),
+            ("floor+prep / floor", floor_prepared, floor, None),
+            ("atomic / floor+prep", atomic, floor_prepared, None),
             ("atomic / leased  ", atomic, leased, Some(1.2)),
             ("replay / atomic  ", replay, atomic, Some(2.0)),
         ] {
@@ -308,6 +315,8 @@ fn main() {
             ("atomic / read first", atomic, reading, None),
             ("floor+read / floor", floor_read, floor, None),
             ("atomic / floor+read", atomic, floor_read, None),
+            ("floor+prep / floor", floor_prepared, floor, None),
+            ("atomic / floor+prep", atomic, floor_prepared, None),
             ("atomic / no layer", atomic, bare, None),
             ("floor / no layer ", floor, bare, None),
             ("replay / no layer", replay, bare, Some(0.5)),

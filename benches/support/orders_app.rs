@@ -83,6 +83,9 @@ const FLOOR_RECORDS: &str = "floor_records";
 /// that neither scenario's rows weigh on the other's.
 const FLOOR_READ_RECORDS: &str = "floor_read_records";
 
+/// The records table of the floor with a prepared read, the same shape, apart from the others.
+const FLOOR_PREPARED_READ_RECORDS: &str = "floor_prepared_read_records";
+
 /// The handlers' answer for `order_id`, and its headers as the floors keep them beside it.
 fn answer_and_kept_headers(order_id: uuid::Uuid, body: &str) -> (Created, String) {
     let answer = created(order_id, body);
@@ -133,13 +136,53 @@ async fn create_order_read_and_record(State(pool): State<PgPool>, headers: Heade
     let found = sqlx::raw_sql(sqlx::AssertSqlSafe(begin_and_read)).fetch_all(&mut *conn).await.expect("begin and read");
     assert!(found.is_empty(), "every request of the floor is a new key");
     insert_order(order_id, String::new(), &body).execute(&mut *conn).await.expect("insert the order");
-    sqlx::query(
-        "INSERT INTO floor_read_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+    insert_labelled_record(&mut conn, FLOOR_READ_RECORDS, record_id.into(), &body, &answer, kept_headers).await;
+    sqlx::raw_sql("COMMIT").execute(&mut *conn).await.expect("commit");
+    answer
+}
+
+/// The floor with the cheapest read sqlx can send: the same order and labelled record as
+/// [`create_order_read_and_record`], but the record is read by a prepared statement (parsed and
+/// planned once per connection) in a round trip of its own after `BEGIN`.
+async fn create_order_prepared_read_and_record(
+    State(pool): State<PgPool>,
+    headers: HeaderMap,
+    body: String,
+) -> Created {
+    let key = headers.get("idempotency-key").map_or(&[][..], |key| key.as_bytes());
+    let record_id: [u8; 32] = Sha256::digest(key).into();
+    let order_id = uuid::Uuid::new_v4();
+    let (answer, kept_headers) = answer_and_kept_headers(order_id, &body);
+    let mut tx = pool.begin().await.expect("begin");
+    let found = sqlx::query("SELECT 1 FROM floor_prepared_read_records WHERE record_id = $1")
+        .bind(record_id.to_vec())
+        .fetch_optional(&mut *tx)
+        .await
+        .expect("read");
+    assert!(found.is_none(), "every request of the floor is a new key");
+    insert_order(order_id, String::new(), &body).execute(&mut *tx).await.expect("insert the order");
+    insert_labelled_record(&mut tx, FLOOR_PREPARED_READ_RECORDS, record_id, &body, &answer, kept_headers).await;
+    tx.commit().await.expect("commit");
+    answer
+}
+
+/// The record of `answer` in `table`, with the labels the store writes with every record
+/// (operation, scope digest, operation id, whose hash index the record then joins).
+async fn insert_labelled_record(
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+    record_id: [u8; 32],
+    body: &str,
+    answer: &Created,
+    kept_headers: String,
+) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
              response_status, response_headers, response_body, response_until, forget_at, \
              operation, scope_digest, operation_id) \
          VALUES ($1, 'completed', 1, $2, 0, 201, $3, $4, clock_timestamp() + interval '1 day', \
-             clock_timestamp() + interval '2 days', $5, $6, $7)",
-    )
+             clock_timestamp() + interval '2 days', $5, $6, $7)"
+    )))
     .bind(record_id.to_vec())
     .bind(Sha256::digest(body.as_bytes()).to_vec())
     .bind(kept_headers.into_bytes())
@@ -147,11 +190,9 @@ async fn create_order_read_and_record(State(pool): State<PgPool>, headers: Heade
     .bind("POST /orders")
     .bind(Scope::new("bench-account").digest().to_vec())
     .bind(record_id[..16].to_vec())
-    .execute(&mut *conn)
+    .execute(conn)
     .await
     .expect("insert the record");
-    sqlx::raw_sql("COMMIT").execute(&mut *conn).await.expect("commit");
-    answer
 }
 
 async fn authenticate(mut request: Request<Body>, next: axum::middleware::Next) -> axum::response::Response {
@@ -195,6 +236,15 @@ pub async fn serve_floor_with_read(pool: PgPool) -> std::net::SocketAddr {
     let records = PostgresStore::new(pool.clone()).table(FLOOR_READ_RECORDS).expect("a valid table name");
     records.migrate().await.expect("create the records table of the floor with a read");
     listen(Router::new().route("/orders", post(create_order_read_and_record)).with_state(pool)).await
+}
+
+/// Creates a records table of its own and serves the floor with a prepared read
+/// ([`create_order_prepared_read_and_record`]) on a loopback port; its address.
+#[allow(dead_code)] // Only the PostgreSQL benchmark measures the floor.
+pub async fn serve_floor_with_prepared_read(pool: PgPool) -> std::net::SocketAddr {
+    let records = PostgresStore::new(pool.clone()).table(FLOOR_PREPARED_READ_RECORDS).expect("a valid table name");
+    records.migrate().await.expect("create the records table of the floor with a prepared read");
+    listen(Router::new().route("/orders", post(create_order_prepared_read_and_record)).with_state(pool)).await
 }
 
 async fn listen(app: Router) -> std::net::SocketAddr {
