@@ -56,6 +56,13 @@
 //! in three runs: the lock and the function add at most a few percent beyond that read, within
 //! the noise of those runs.
 //!
+//! `floor+prep` reads the row by a prepared statement after `BEGIN` instead, the cheapest read
+//! sqlx can send: in four runs it took 1.11x to 1.17x the floor's PostgreSQL CPU per request
+//! (per-round medians 1.08x to 1.16x) and made 0.88x to 0.92x its requests a second; atomic
+//! mode took 1.12x and 1.23x the CPU of `floor+prep` in two of them. A claim must read the
+//! identity's row, so the aim of 1.15x the floor's CPU is about what the cheapest read alone
+//! costs here.
+//!
 //! `benches/pg_claim_parts.rs` takes those transactions apart, as plain sqlx transactions with
 //! no layer and no HTTP (five runs, per-round medians). The floor's statements with the row read
 //! first by a prepared statement, the cheapest read sqlx can send, took 1.17x to 1.27x the
@@ -69,7 +76,12 @@
 //! - the claim function called by a prepared statement after a `BEGIN` of its own: 0.93x to
 //!   1.02x;
 //! - the lock's try sent with `BEGIN`, then the record read by a prepared statement (a claim
-//!   with no function): 0.96x and 0.97x in two runs;
+//!   with no function): 0.96x and 0.97x in two runs. Built into the store for a claim made
+//!   first (the function called only when another session held the lock), it passed every
+//!   PostgreSQL suite, and in two `pg_orders` runs took 0.88x and 0.87x the PostgreSQL CPU of
+//!   reading first (per-round medians), where the function had taken 0.85x to 1.02x over six
+//!   runs (median 0.87x); atomic / floor stayed at 1.31x and 1.28x. No gain, so not kept; a
+//!   retry would also have cost a third round trip;
 //! - a claim by the primary key's own wait (the record's row inserted first, the answer written
 //!   over it at the end): 1.31x to 1.45x the floor, no better than the lock;
 //! - the record's INSERT written as literals and sent with `COMMIT` (`INSERT ...; COMMIT;
