@@ -69,7 +69,7 @@
 //! floor's PostgreSQL CPU (the labels alone 1.01x to 1.09x); with the read sent with `BEGIN`,
 //! as `floor+read` does, 1.36x to 1.44x; atomic mode's own statements 1.31x to 1.49x, and
 //! 0.99x to 1.06x those of `floor+read`. A prepared read by primary key cost 26 to 35 µs over a
-//! bare `BEGIN`/`COMMIT`, the same read parsed with `BEGIN` 56 to 73 µs, the claim function 55
+//! bare `BEGIN`/`COMMIT`, the same read parsed with `BEGIN` 56 to 73 µs, the claim function 54
 //! to 65 µs. So no claim that reads the record can come within 1.15x of the floor here. Tried
 //! against atomic mode's statements in the same runs, and not kept:
 //!
