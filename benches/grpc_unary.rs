@@ -10,8 +10,9 @@
 //! - `pg replay`: the same store, every call a retry.
 //!
 //! Each scenario gets a warm-up, then `ROUNDS` windows of `WINDOW` (`GRPC_UNARY_ROUNDS=9` for
-//! more) with `CONCURRENCY` callers spread over `CONNECTIONS` HTTP/2 connections; the rounds take
-//! the scenarios in turn, so load from other work on a shared machine spreads over all of them.
+//! more) with `CONCURRENCY` callers spread over `CONNECTIONS` HTTP/2 connections; each round takes
+//! the scenarios in turn, in an order rotated by one each round, so that load from other work on
+//! a shared machine spreads over all of them and no scenario always follows the same one.
 //! It prints throughput, p50 and p99 latency, and the ratio to `no layer`; and the CPU time this
 //! process (client and server) spent per call, with its ratio to `no layer`'s (calls per CPU
 //! second; on a machine that other work keeps busy it moves far less than throughput does).
@@ -230,9 +231,12 @@ fn main() {
             scenario.run(WARM_UP, false).await;
         }
         let rounds = std::env::var("GRPC_UNARY_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
-        for _ in 0..rounds {
-            for scenario in &mut scenarios {
-                scenario.run(WINDOW, true).await;
+        // Each round takes the scenarios in an order rotated by one from the round before, so
+        // that no scenario always runs right after the same other one, or always first.
+        for round in 0..rounds {
+            for i in 0..scenarios.len() {
+                let index = (i + round) % scenarios.len();
+                scenarios[index].run(WINDOW, true).await;
             }
         }
 
