@@ -231,8 +231,7 @@ fn main() {
             scenario.run(WARM_UP, false).await;
         }
         let rounds = std::env::var("GRPC_UNARY_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
-        // Each round takes the scenarios in an order rotated by one from the round before, so
-        // that no scenario always runs right after the same other one, or always first.
+        // The order rotated by one each round (see the module's documentation).
         for round in 0..rounds {
             for i in 0..scenarios.len() {
                 let index = (i + round) % scenarios.len();
