@@ -2,7 +2,7 @@
 //! against what recording every request in its own transaction would cost.
 //!
 //! The route is an atomic handler: it takes the `TxHandle` and inserts an order through it.
-//! Four set-ups, each with a fresh key per request (and on SQLite a fifth, below):
+//! Four set-ups, each with a fresh key per request (and on SQLite two more, below):
 //!
 //! - `off`: the layer in `Off`: the handler gets the store's plain transaction.
 //! - `shadow`: the layer in `Shadow`: it also buffers the body and computes the fingerprint,
@@ -22,6 +22,10 @@
 //! - `shadow-own-file` (SQLite only): `shadow`, with shadow mode's records in a second SQLite
 //!   file ([`IdempotencyLayer::shadow_store`]): its batches take that file's write lock, never
 //!   the one the orders' INSERTs need.
+//! - `off+records` (SQLite only): `off`, and beside it the benchmark's own writer, which every
+//!   interval writes as many rows like shadow records (random ids) as requests were answered,
+//!   1,024 a statement, into the same file: the writes shadow mode cannot do without, with none
+//!   of the layer's work. On one file, shadow mode's cost cannot fall below this set-up's.
 //!
 //! After the set-ups, rows like shadow records are written in batches of 1,024 into the records
 //! table as the run left it, nothing else running: what a record's write costs the database
@@ -48,6 +52,7 @@ mod bench_db;
 #[path = "support/sqlite_file.rs"]
 mod sqlite_file;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -372,9 +377,58 @@ async fn sqlite_store(name: &str, synchronous: SqliteSynchronous) -> (SqliteStor
     (store, file)
 }
 
-/// `off`, `shadow`, `in-commit`, `shadow-unwritten` and `shadow-own-file` on a SQLite file of
-/// their own with `synchronous`; the last records shadow mode's requests in a second file
-/// ([`IdempotencyLayer::shadow_store`]), so its batches never hold the orders' write lock.
+/// The `off+records` set-up's writer: every [`shadow_interval`] it writes as many rows like
+/// shadow records ([`SQLITE_RECORDS`], random ids) as `answered` counted since the last time,
+/// at most 1,024 a statement, into `pool`'s file, as the shadow log writes its batches. It
+/// stops when dropped.
+struct RecordsBeside {
+    answered: Arc<AtomicU64>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl RecordsBeside {
+    fn start(pool: sqlx::SqlitePool) -> Self {
+        let answered = Arc::new(AtomicU64::new(0));
+        let count = answered.clone();
+        let writer = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(shadow_interval()).await;
+                let mut left = count.swap(0, Ordering::Relaxed) as i64;
+                while left > 0 {
+                    let batch = left.min(ALONE_BATCH);
+                    sqlx::query(SQLITE_RECORDS).bind(batch).execute(&pool).await.expect("a batch of records");
+                    left -= batch;
+                }
+            }
+        });
+        Self { answered, writer }
+    }
+
+    /// `off`'s route, each answer counted for the writer.
+    fn router(&self, store: SqliteStore) -> Router {
+        let answered = self.answered.clone();
+        let create = move |tx: TxHandle<sqlx::Sqlite>, body: String| async move {
+            let status = create_sqlite(tx, body).await;
+            answered.fetch_add(1, Ordering::Relaxed);
+            status
+        };
+        Router::new().route("/orders", post(create).layer(layer(store, RolloutMode::Off)))
+    }
+}
+
+impl Drop for RecordsBeside {
+    fn drop(&mut self) {
+        self.writer.abort();
+    }
+}
+
+/// `off`, `shadow`, `in-commit`, `shadow-unwritten`, `shadow-own-file` and `off+records` on a
+/// SQLite file of their own with `synchronous`. `shadow-own-file` records shadow mode's
+/// requests in a second file ([`IdempotencyLayer::shadow_store`]), so its batches never hold
+/// the orders' write lock. `off+records` is the floor of shadow mode on one file: `off`, with
+/// the benchmark itself writing a row like a shadow record for each answered request, in
+/// batches beside the requests ([`RecordsBeside`]), no layer work at all: what the records'
+/// writes alone cost requests that share their file.
 async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usize) {
     let (store, file) = sqlite_store("orders", synchronous).await;
     let (shadow_store, shadow_file) = sqlite_store("shadow", synchronous).await;
@@ -384,10 +438,14 @@ async fn compare_sqlite(name: &str, synchronous: SqliteSynchronous, rounds: usiz
         .await
         .expect("orders");
     let mut apps = apps(store.clone(), create_sqlite, in_commit_sqlite);
+    let store_for_floor = store.clone();
     let apart = layer(store, RolloutMode::Shadow).shadow_store(shadow_store);
     apps.push(("shadow-own-file", Router::new().route("/orders", post(create_sqlite).layer(apart))));
+    let beside = RecordsBeside::start(pool.clone());
+    apps.push(("off+records", beside.router(store_for_floor)));
     // The routers go with it; the shadow log's writer records what is left and ends.
     let off = compare(name, apps, rounds).await;
+    drop(beside);
     records_alone(name, off, || async {
         sqlx::query(SQLITE_RECORDS).bind(ALONE_BATCH).execute(&pool).await.expect("a batch of records");
     })

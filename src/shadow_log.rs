@@ -11,9 +11,9 @@
 //!   file's one write lock while it is written, and a request that needs the lock waits until
 //!   it is done, unless the records go to a file of their own
 //!   ([`IdempotencyLayer::shadow_store`](crate::IdempotencyLayer::shadow_store)): on one file,
-//!   shadow mode's cost tends towards what a record's write costs against a request's, which
-//!   with `synchronous = NORMAL` can be a third (README, "Rolling it out", has the `rollout`
-//!   benchmark's figures). Fewer, larger batches cost less per record: each commit writes the
+//!   shadow mode's cost tends towards what a record's write costs against a request's, about
+//!   a sixth with `synchronous = NORMAL` in the `rollout` benchmark, whose `off+records` set-up
+//!   measures that floor (README, "Rolling it out", has the figures). Fewer, larger batches cost less per record: each commit writes the
 //!   pages it changed once, however many of its records share them.
 //! - Two requests with the same key in one batch are told apart here: the first is recorded,
 //!   and the second is what enforce mode would have made of it (a replay of the first, or a
