@@ -4,14 +4,16 @@
 //! per cent.
 //!
 //! The request shape is that of `benches/layer.rs` (a POST with a 256-byte JSON body, a trivial
-//! handler answering 201, the in-memory store). Four scenarios:
+//! handler answering 201, the in-memory store). Five scenarios:
 //!
 //! - `bare`: the handler alone;
 //! - `new_key`: through the layer, a fresh key every time (claim, execute, store);
 //! - `replay`: through the layer, the same key every time (answered from the store);
 //! - `floor`: the work a new key cannot do without, with no layer (the request's fingerprint,
 //!   the record's identity, one map insert of both with a copy of the answer), as
-//!   `benches/layer.rs` defines it.
+//!   `benches/layer.rs` defines it;
+//! - `http_floor`: a fresh key every time through `HttpFloor` (`benches/support/http_floor.rs`),
+//!   the floor's work with what any HTTP middleware must do around it and nothing else.
 //!
 //! Each scenario runs in a child process of this benchmark under callgrind, which counts only
 //! inside the child's measured loop, after a warm-up of its own (the runtime, the store and the
@@ -48,6 +50,8 @@
 #[cfg(feature = "grpc-example")]
 #[path = "support/echo_things.rs"]
 mod echo_things;
+#[path = "support/http_floor.rs"]
+mod http_floor;
 #[path = "support/json_order.rs"]
 mod json_order;
 #[cfg(feature = "metrics")]
@@ -70,7 +74,7 @@ const CALLS_LOW: u64 = 2_000;
 const CALLS_HIGH: u64 = 6_000;
 
 /// The scenarios, in the order of the table.
-const SCENARIOS: [&str; 4] = ["bare", "new_key", "replay", "floor"];
+const SCENARIOS: [&str; 5] = ["bare", "new_key", "replay", "floor", "http_floor"];
 
 /// Set in a child process: the scenario and how many requests it runs.
 const CHILD: &str = "INSTRUCTIONS_CHILD";
@@ -104,7 +108,7 @@ fn main() {
         println!("{scenario:<10} {:>12.0} {:>14.0} {:>12.1}", count.all, count.outside_sha(), count.blocks);
         counts.push(count);
     }
-    let [bare, new_key, replay, floor] = [counts[0], counts[1], counts[2], counts[3]];
+    let [bare, new_key, replay, floor, http_floor] = [counts[0], counts[1], counts[2], counts[3], counts[4]];
     // The floor's loop builds its requests too: the floor's own work is without them.
     let floor_work = floor.less(Count::of(&me, "request", block));
     let new_key_adds = new_key.less(bare);
@@ -119,6 +123,15 @@ fn main() {
         floor_work.blocks,
         new_key_adds.all / floor_work.all,
         new_key_adds.outside_sha() / floor_work.outside_sha(),
+    );
+    let http_floor_adds = http_floor.less(bare);
+    println!(
+        "the HTTP floor adds {:.0} ({:.0} outside SHA-256, {:.1} blocks): a new key through the layer is {:.2}x it, {:.2}x outside SHA-256",
+        http_floor_adds.all,
+        http_floor_adds.outside_sha(),
+        http_floor_adds.blocks,
+        new_key_adds.all / http_floor_adds.all,
+        new_key_adds.outside_sha() / http_floor_adds.outside_sha(),
     );
     println!(
         "replay adds {:.0} ({:.0} outside SHA-256, {:.1} blocks)",
@@ -302,6 +315,14 @@ fn run(scenario: &str, calls: u64) {
             })
         }
         "floor" => floor(body, next_key),
+        "http_floor" => {
+            let floor = http_floor::HttpFloor::new(tower::service_fn(handler));
+            Box::new(move || {
+                let response = runtime.block_on(floor.clone().oneshot(request(&next_key(), &body))).expect("floor");
+                assert_eq!(response.status(), StatusCode::CREATED);
+                std::hint::black_box(runtime.block_on(drain(response)));
+            })
+        }
         #[cfg(feature = "grpc-example")]
         grpc if grpc.starts_with("grpc_") => grpc::step(grpc, runtime),
         "sha256_block" => {

@@ -10,6 +10,12 @@
 //!   identity (a second SHA-256) and one map insert of the identity with the fingerprint and a
 //!   copy of the answer. `(layer/new_key - bare) / floor` is the layer's cost against the least
 //!   it could cost;
+//! - `http_floor`: a new key through `HttpFloor` (`benches/support/http_floor.rs`), a
+//!   middleware written straight that does the floor's work and what any HTTP middleware must
+//!   do around it (the key from its header, the request body collected, a claim before the
+//!   handler, the response body collected and a copy of the response kept), and nothing else
+//!   the contract asks for. `(layer/new_key - bare) / (http_floor - bare)` is the layer against
+//!   the least an HTTP middleware could cost;
 //! - with the `metrics` feature, `layer/new_key/recorder` and `layer/replay/recorder`: the same,
 //!   with a Prometheus recorder (`metrics-exporter-prometheus`, with the reference service's
 //!   histogram buckets) installed, so every metric the layer emits is recorded.
@@ -18,6 +24,8 @@
 //! Run with `cargo bench --bench layer` (and `--features metrics` for the recorder's cost);
 //! the ratios are what matters on a shared machine.
 
+#[path = "support/http_floor.rs"]
+mod http_floor;
 #[path = "support/json_order.rs"]
 mod json_order;
 #[cfg(feature = "metrics")]
@@ -60,14 +68,14 @@ fn layer_cost(c: &mut Criterion) {
     // A fresh store every 50 000 requests, built and dropped outside the timed part: the cost
     // measured is the layer's with a store of realistic size, not the rehashing and freeing of
     // a map that grows to millions of records during the benchmark.
-    group.bench_function("layer/new_key", |b| new_keys(b, &runtime, &body, &counter, || {}));
+    group.bench_function("layer/new_key", |b| new_keys(b, &runtime, &body, &counter, guarded_fresh, || {}));
     #[cfg(feature = "metrics")]
     {
         let recorder = prometheus::bucketed();
         let handle = recorder.handle();
         let _local = metrics::set_default_local_recorder(&recorder);
         group.bench_function("layer/new_key/recorder", |b| {
-            new_keys(b, &runtime, &body, &counter, || handle.run_upkeep())
+            new_keys(b, &runtime, &body, &counter, guarded_fresh, || handle.run_upkeep())
         });
         let guarded = IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(handler));
         replays(&mut group, "layer/replay/recorder", &runtime, &guarded, &body);
@@ -76,6 +84,9 @@ fn layer_cost(c: &mut Criterion) {
     }
     replays(&mut group, "layer/replay", &runtime, &guarded, &body);
     group.bench_function("floor", |b| floor(b, &body, &counter));
+    group.bench_function("http_floor", |b| {
+        new_keys(b, &runtime, &body, &counter, || http_floor::HttpFloor::new(tower::service_fn(handler)), || {})
+    });
     group.finish();
 }
 
@@ -109,28 +120,44 @@ fn floor(b: &mut criterion::Bencher<'_>, body: &Bytes, counter: &AtomicU64) {
     })
 }
 
-/// Fresh keys through the layer, `between` run after each chunk, outside the timed part.
-fn new_keys(
+/// The layer around the handler, with a fresh store.
+fn guarded_fresh() -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<tower_idempotency::IdempotencyBody<Full<Bytes>>>,
+    Error = std::convert::Infallible,
+> + Clone {
+    IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(handler))
+}
+
+/// Fresh keys through a service made by `fresh` (a fresh one every 50 000 keys), `between`
+/// run after each chunk, outside the timed part.
+fn new_keys<S, B>(
     b: &mut criterion::Bencher<'_>,
     runtime: &tokio::runtime::Runtime,
     body: &Bytes,
     counter: &AtomicU64,
+    fresh: impl Fn() -> S,
     between: impl Fn(),
-) {
+) where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
     b.to_async(runtime).iter_custom(|iters| {
-        let between = &between;
+        let (between, fresh) = (&between, &fresh);
         async move {
             let mut elapsed = std::time::Duration::ZERO;
             let mut left = iters;
             while left > 0 {
                 let chunk = left.min(50_000);
                 left -= chunk;
-                let store = MemoryStore::new();
-                let fresh = IdempotencyLayer::new(store).shared_scope("bench").layer(tower::service_fn(handler));
+                let service = fresh();
                 let started = std::time::Instant::now();
                 for _ in 0..chunk {
                     let key = format!("key-{}", counter.fetch_add(1, Ordering::Relaxed));
-                    std::hint::black_box(drain(fresh.clone().oneshot(request(&key, body)).await.expect("layer")).await);
+                    let response = service.clone().oneshot(request(&key, body)).await.expect("new key");
+                    std::hint::black_box(drain(response).await);
                 }
                 elapsed += started.elapsed();
                 between();

@@ -174,27 +174,61 @@ fn validate_chars(key: &str) -> Result<(), KeyError> {
 /// request.extensions_mut().insert(Scope::new("account-7"));
 /// assert_eq!(request.extensions().get::<Scope>().unwrap().as_str(), "account-7");
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Scope(std::sync::Arc<str>);
+///
+/// A scope keeps its [`digest`](Scope::digest) once computed, and a clone made after that
+/// carries it: a scope value shared by many requests (as
+/// [`shared_scope`](crate::IdempotencyLayer::shared_scope) shares one) is hashed once, not on
+/// every request.
+#[derive(Clone)]
+pub struct Scope {
+    text: std::sync::Arc<str>,
+    digest: std::sync::OnceLock<[u8; 32]>,
+}
 
 impl Scope {
     /// A scope from the authenticated tenant or principal's identifier.
     pub fn new(scope: impl Into<std::sync::Arc<str>>) -> Self {
-        Self(scope.into())
+        Self { text: scope.into(), digest: std::sync::OnceLock::new() }
     }
 
     /// The scope as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
     }
 
     /// A SHA-256 digest of the scope, what the stores keep of it (never the scope itself), so
     /// that a record is found by its operation id only within its own scope.
+    ///
+    /// Computed on the first call and kept; clones made after it share the result.
+    ///
+    /// ```
+    /// use tower_idempotency::Scope;
+    /// let scope = Scope::new("account-7");
+    /// assert_eq!(scope.digest(), Scope::new("account-7").digest());
+    /// assert_ne!(scope.digest(), Scope::new("account-8").digest());
+    /// ```
     pub fn digest(&self) -> [u8; 32] {
-        let mut hasher = Sha256::new();
-        hasher.update(b"tower-idempotency/scope/v1\0");
-        hasher.update(self.0.as_bytes());
-        hasher.finalize().into()
+        *self.digest.get_or_init(|| {
+            let mut hasher = Sha256::new();
+            hasher.update(b"tower-idempotency/scope/v1\0");
+            hasher.update(self.text.as_bytes());
+            hasher.finalize().into()
+        })
+    }
+}
+
+/// Two scopes are equal when their text is: the kept digest follows from it.
+impl PartialEq for Scope {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for Scope {}
+
+impl std::hash::Hash for Scope {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
     }
 }
 
@@ -365,6 +399,26 @@ mod tests {
         assert_ne!(a.operation_id(), a.to_hex());
         assert_eq!(a.downstream_key("charge"), a.downstream_key("charge"));
         assert_ne!(a.downstream_key("charge"), a.downstream_key("refund"));
+    }
+
+    #[test]
+    fn a_scope_keeps_its_digest_and_equality_follows_its_text() {
+        use std::hash::BuildHasher;
+        let (hashed, fresh) = (Scope::new("tenant-1"), Scope::new("tenant-1"));
+        let expected: [u8; 32] =
+            Sha256::new_with_prefix(b"tower-idempotency/scope/v1\0").chain_update(b"tenant-1").finalize().into();
+        assert_eq!(hashed.digest(), expected);
+        // A clone made after the digest carries it; one made before computes the same.
+        let (before, after) = (fresh.clone(), hashed.clone());
+        assert_eq!(after.digest.get(), Some(&expected));
+        assert_eq!(before.digest.get(), None);
+        assert_eq!(before.digest(), expected);
+        // Whether the digest is kept does not change equality or hashing.
+        assert_eq!(hashed, fresh);
+        let state = std::collections::hash_map::RandomState::new();
+        assert_eq!(state.hash_one(&hashed), state.hash_one(&fresh));
+        assert_ne!(hashed, Scope::new("tenant-2"));
+        assert_ne!(hashed.digest(), Scope::new("tenant-2").digest());
     }
 
     #[test]

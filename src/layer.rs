@@ -88,7 +88,10 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Uses one scope for every caller. Only for single-tenant services: with it, any caller
     /// who knows another's key gets that caller's answer.
     pub fn shared_scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.scope = ScopeSource::Shared(Scope::new(scope.into()));
+        let scope = Scope::new(scope.into());
+        // Hashed here, once: every request's clone of it carries the digest.
+        scope.digest();
+        self.config.scope = ScopeSource::Shared(scope);
         self
     }
 
