@@ -464,3 +464,59 @@ mod imp {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RequestResult;
+    use crate::problem::ProblemCode;
+
+    /// The `result` label's values are a published interface: exactly these, in this order.
+    #[test]
+    fn the_result_values_are_the_published_ones() {
+        let published = [
+            "executed",
+            "replayed",
+            "key_missing",
+            "key_invalid",
+            "key_reused",
+            "in_flight",
+            "key_expired",
+            "outcome_unknown",
+            "body_too_large",
+            "store_unavailable",
+            "commit_uncertain",
+            "released",
+            "response_too_large",
+            "handle_still_held",
+            "scope_missing",
+        ];
+        assert_eq!(RequestResult::ALL.map(RequestResult::as_str), published);
+    }
+
+    /// Every refusal the layer answers is counted under its own result (the ones a test of
+    /// `MemoryStore` cannot provoke included: a dead store, an uncertain commit, a handle kept
+    /// past the handler).
+    #[test]
+    fn each_refusal_maps_to_its_result() {
+        for (code, result) in [
+            (ProblemCode::KeyInvalid, "key_invalid"),
+            (ProblemCode::KeyMissing, "key_missing"),
+            (ProblemCode::KeyReused, "key_reused"),
+            (ProblemCode::RequestInFlight, "in_flight"),
+            (ProblemCode::KeyExpired, "key_expired"),
+            (ProblemCode::OutcomeUnknown, "outcome_unknown"),
+            (ProblemCode::BodyTooLarge, "body_too_large"),
+            (ProblemCode::BodyUnreadable, "body_too_large"),
+            (ProblemCode::BodyTimeout, "body_too_large"),
+            (ProblemCode::BufferBudgetExhausted, "body_too_large"),
+            (ProblemCode::StoreUnavailable, "store_unavailable"),
+            (ProblemCode::CommitUncertain, "commit_uncertain"),
+            (ProblemCode::ResponseTooLarge, "response_too_large"),
+            (ProblemCode::HandleStillHeld, "handle_still_held"),
+            (ProblemCode::ScopeMissing, "scope_missing"),
+            (ProblemCode::HandlerFailed, "released"),
+        ] {
+            assert_eq!(RequestResult::of_problem(code).as_str(), result, "{code:?}");
+        }
+    }
+}

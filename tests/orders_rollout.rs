@@ -38,7 +38,12 @@ impl Orders {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (name, value) in env {
-            command.env(name, value);
+            // An empty value takes the variable away (the operator token, say).
+            if value.is_empty() {
+                command.env_remove(name);
+            } else {
+                command.env(name, value);
+            }
         }
         let mut child = command.spawn().expect("start the orders example");
         let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
@@ -68,9 +73,15 @@ const ORDER: &str = "{\"sku\":\"book-1\",\"quantity\":1,\"amount_minor\":100,\"c
 
 /// `PUT path` with a JSON body and `token` (if any) on the operator listener.
 async fn put(admin: SocketAddr, token: Option<&str>, path: &str, body: &str) -> Reply {
+    send(admin, "PUT", token, path, body).await
+}
+
+/// `method path` with a JSON body (if not empty) and `token` (if any, else no
+/// `Authorization` field at all) on the operator listener.
+async fn send(admin: SocketAddr, method: &str, token: Option<&str>, path: &str, body: &str) -> Reply {
     let auth = token.map(|token| format!("authorization: Bearer {token}\r\n")).unwrap_or_default();
     let request = format!(
-        "PUT {path} HTTP/1.1\r\nhost: {admin}\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\
+        "{method} {path} HTTP/1.1\r\nhost: {admin}\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\
          connection: close\r\n\r\n{body}",
         body.len()
     );
@@ -194,6 +205,40 @@ async fn shadow_mode_answers_as_the_old_path_and_counts_what_enforce_would_have_
     assert_eq!(metric_reaches(server.admin, "orders_duplicate_effects", 1.0).await, Some(1.0));
     let text = get(server.admin, "anyone", "/metrics").await.unwrap().text();
     assert!(!text.contains("idempotency_requests_total"), "nothing was enforced: {text}");
+}
+
+/// `GET /metrics` needs no `Authorization` at all; without `ORDERS_ADMIN_TOKEN` the rollout
+/// routes do not exist (404, whatever the request carries) while `/metrics` stays; a cohort
+/// from the environment with no mode set is enforced inside `enforce`, the default.
+#[tokio::test]
+async fn metrics_are_open_and_without_a_token_the_rollout_routes_are_not_there() {
+    let (path, _cleanup) = support::sqlite_path("tidem_notoken");
+    let url = format!("sqlite:{}?mode=rwc", path.display());
+
+    let with_token = Orders::start(&url, &[("ORDERS_IDEMPOTENCY_COHORT", "acct_1,acct_2")]);
+    let metrics = send(with_token.admin, "GET", None, "/metrics", "").await;
+    assert_eq!(metrics.status, 200, "{}", metrics.text());
+    assert!(metrics.text().contains("orders_duplicate_effects"), "{}", metrics.text());
+    let shown = get(with_token.admin, TOKEN, "/admin/idempotency/rollout").await.unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&shown.body).unwrap(),
+        serde_json::json!({"mode": "enforce", "cohort": ["acct_1", "acct_2"]})
+    );
+    drop(with_token);
+
+    let without_token = Orders::start(&url, &[("ORDERS_ADMIN_TOKEN", "")]);
+    for token in [None, Some(TOKEN)] {
+        let shown = send(without_token.admin, "GET", token, "/admin/idempotency/rollout", "").await;
+        assert_eq!(shown.status, 404, "{}", shown.text());
+        let body = "{\"mode\":\"off\",\"cohort\":null}";
+        assert_eq!(send(without_token.admin, "PUT", token, "/admin/idempotency/rollout", body).await.status, 404);
+    }
+    let metrics = send(without_token.admin, "GET", None, "/metrics", "").await;
+    assert_eq!(metrics.status, 200, "{}", metrics.text());
+    // Still enforced: the switch was never reachable.
+    post_order(without_token.addr, "acct_1", "k-1", ORDER).await.expect("POST");
+    let retry = post_order(without_token.addr, "acct_1", "k-1", ORDER).await.expect("POST");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
 }
 
 #[test]

@@ -107,7 +107,7 @@ async fn sqlite_rows(pool: &SqlitePool, method: &str) -> i64 {
 }
 
 #[tokio::test]
-async fn sqlite_off_gives_the_handler_a_committed_plain_transaction() {
+async fn sqlite_off_and_shadow_give_the_handler_a_committed_plain_transaction() {
     let store = support::sqlite_store(CouplingMode::Atomic).await;
     let pool = store.pool().clone();
     sqlx::raw_sql("CREATE TABLE things (method TEXT NOT NULL, operation_id TEXT NOT NULL)")
@@ -128,22 +128,26 @@ async fn sqlite_off_gives_the_handler_a_committed_plain_transaction() {
         tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.expect("connect"),
     );
 
-    for _ in 0..2 {
-        let answer = client.create(call(thing("pen", 1), ACCOUNT, &["k"])).await.expect("the old path answers");
-        assert!(!replayed(answer.metadata()));
-        assert_eq!(answer.get_ref().operation_id.len(), 36, "the handler still gets its context");
+    for mode in [RolloutMode::Off, RolloutMode::Shadow] {
+        switch.set(mode);
+        let key = format!("k-{}", mode.as_str());
+        for _ in 0..2 {
+            let answer = client.create(call(thing("pen", 1), ACCOUNT, &[&key])).await.expect("the old path answers");
+            assert!(!replayed(answer.metadata()), "{mode:?}: never replayed");
+            assert_eq!(answer.get_ref().operation_id.len(), 36, "the handler still gets its context");
+        }
+        let failed = client.fail(call(thing("pen", 1), ACCOUNT, &[&key])).await.expect_err("fails");
+        assert_eq!(failed.code(), tonic::Code::Unavailable);
     }
-    let failed = client.fail(call(thing("pen", 1), ACCOUNT, &["k"])).await.expect_err("fails");
-    assert_eq!(failed.code(), tonic::Code::Unavailable);
-    assert_eq!(sqlite_rows(&pool, "create").await, 2, "a row per call, committed");
+    assert_eq!(sqlite_rows(&pool, "create").await, 4, "a row per call, committed");
     assert_eq!(sqlite_rows(&pool, "fail").await, 0, "a released answer rolls back");
     let records: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records").fetch_one(&pool).await.unwrap();
-    assert_eq!(records, 0, "nothing claimed or stored");
+    assert!(records <= 1, "only shadow's record (if written yet), never one per call: {records}");
 
     // The negative control: enforced, the same key writes once and replays.
     switch.set(RolloutMode::Enforce);
     client.create(call(thing("pen", 1), ACCOUNT, &["k2"])).await.expect("enforced");
     let retry = client.create(call(thing("pen", 1), ACCOUNT, &["k2"])).await.expect("enforced");
     assert!(replayed(retry.metadata()));
-    assert_eq!(sqlite_rows(&pool, "create").await, 3);
+    assert_eq!(sqlite_rows(&pool, "create").await, 5);
 }

@@ -9,15 +9,19 @@ mod support;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::response::IntoResponse;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_idempotency::telemetry::{OVERHEAD, REQUESTS, SHADOW, STORE, STORED_BYTES};
-use tower_idempotency::{Cohort, IdempotencyLayer, MemoryStore, RolloutMode, RolloutSwitch, Scope};
+use tower_idempotency::{
+    Cohort, IdempotencyLayer, MemoryStore, OutcomeClass, Retention, RolloutMode, RolloutSwitch, Scope,
+};
 
 use support::recorder::{Recorded, eventually};
 
@@ -145,4 +149,76 @@ async fn a_cohort_is_enforced_and_can_be_changed_at_run_time() {
     assert_eq!(send(&app, Some("out"), Some("k2"), "a").await, (StatusCode::CREATED, true));
     assert_eq!(send(&app, Some("in"), Some("k"), "a").await, (StatusCode::CREATED, false), "no longer enforced");
     assert_eq!(executions.load(Ordering::Relaxed), 6);
+}
+
+/// The layer's other refusals on `MemoryStore`, each counted under its own `result`: a body
+/// over the limit, an answer over the limit, a duplicate still in flight, a key past its
+/// replay time, and a record whose handler marked its outcome unknown.
+#[tokio::test]
+async fn each_refusal_is_counted_under_its_result() {
+    let recorded = Arc::new(Recorded::default());
+    let _guard = metrics::set_default_local_recorder(&*recorded);
+    let (entered, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let handler = {
+        let (entered, release) = (entered.clone(), release.clone());
+        move |body: String| {
+            let (entered, release) = (entered.clone(), release.clone());
+            async move {
+                match body.as_str() {
+                    "large answer" => (StatusCode::CREATED, "x".repeat(4096)).into_response(),
+                    "unknown" => {
+                        let mut response = (StatusCode::ACCEPTED, "sent, outcome unknown").into_response();
+                        response.extensions_mut().insert(OutcomeClass::Unknown);
+                        response
+                    }
+                    "slow" => {
+                        entered.notify_one();
+                        release.notified().await;
+                        (StatusCode::CREATED, "slow").into_response()
+                    }
+                    _ => (StatusCode::CREATED, body).into_response(),
+                }
+            }
+        }
+    };
+    let retention = Retention { response: Duration::from_millis(50), ..Retention::default() };
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .operation("orders.create")
+        .shared_scope("tenant")
+        .max_request_body(64)
+        .max_response_body(1024)
+        .in_flight_wait(Duration::ZERO)
+        .retention(retention);
+    let app = Router::new().route("/orders", post(handler).layer(layer));
+
+    let too_large = "y".repeat(65);
+    assert_eq!(send(&app, None, Some("k-body"), &too_large).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(send(&app, None, Some("k-answer"), "large answer").await.0, StatusCode::INTERNAL_SERVER_ERROR);
+
+    let slow = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, None, Some("k-slow"), "slow").await }
+    });
+    entered.notified().await;
+    assert_eq!(send(&app, None, Some("k-slow"), "slow").await.0, StatusCode::CONFLICT);
+    release.notify_one();
+    assert_eq!(slow.await.unwrap().0, StatusCode::CREATED);
+
+    assert_eq!(send(&app, None, Some("k-unknown"), "unknown").await.0, StatusCode::ACCEPTED);
+    assert_eq!(send(&app, None, Some("k-unknown"), "unknown").await.0, StatusCode::CONFLICT);
+
+    assert_eq!(send(&app, None, Some("k-old"), "a").await, (StatusCode::CREATED, false));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(send(&app, None, Some("k-old"), "a").await.0, StatusCode::UNPROCESSABLE_ENTITY);
+
+    for (result, expected) in [
+        ("body_too_large", 1),
+        ("response_too_large", 1),
+        ("in_flight", 1),
+        ("outcome_unknown", 1),
+        ("key_expired", 1),
+        ("executed", 3),
+    ] {
+        assert_eq!(recorded.get(&requests(result)), expected, "{result}: {:?}", recorded.names());
+    }
 }

@@ -102,6 +102,11 @@ async fn each_guarded_request_has_an_idempotency_span_around_its_handler() {
     assert_eq!((first["result"].as_str(), first["replayed"].as_str()), ("executed", "false"));
     assert_eq!((second["result"].as_str(), second["replayed"].as_str()), ("replayed", "true"));
     assert_eq!(first.get("record").map(String::len), Some(64), "the digest in hex: {first:?}");
+    assert_eq!(second.get("record"), first.get("record"), "the same identity");
+    // The claim's fencing token (`MemoryStore` fences its claims); a replay claims nothing.
+    let token: u64 = first.get("fencing_token").and_then(|token| token.parse().ok()).expect("a fencing token");
+    assert!(token >= 1, "{first:?}");
+    assert_eq!(second.get("fencing_token"), None, "a replay has no claim: {second:?}");
     assert!(first.values().all(|value| !value.contains(key)), "never the key: {first:?}");
     let events = collect.0.events.lock().unwrap();
     let ran: Vec<&Option<u64>> =
