@@ -469,30 +469,6 @@ mod imp {
 mod tests {
     use super::RequestResult;
     use crate::problem::ProblemCode;
-
-    /// The `result` label's values are a published interface: exactly these, in this order.
-    #[test]
-    fn the_result_values_are_the_published_ones() {
-        let published = [
-            "executed",
-            "replayed",
-            "key_missing",
-            "key_invalid",
-            "key_reused",
-            "in_flight",
-            "key_expired",
-            "outcome_unknown",
-            "body_too_large",
-            "store_unavailable",
-            "commit_uncertain",
-            "released",
-            "response_too_large",
-            "handle_still_held",
-            "scope_missing",
-        ];
-        assert_eq!(RequestResult::ALL.map(RequestResult::as_str), published);
-    }
-
     /// Every refusal the layer answers is counted under its own result (the ones a test of
     /// `MemoryStore` cannot provoke included: a dead store, an uncertain commit, a handle kept
     /// past the handler).

@@ -18,7 +18,7 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::telemetry::{OVERHEAD, REQUESTS, SHADOW, STORE, STORED_BYTES};
+use tower_idempotency::telemetry::{OVERHEAD, REQUESTS, RequestResult, SHADOW, STORE, STORED_BYTES};
 use tower_idempotency::{
     Cohort, IdempotencyLayer, MemoryStore, OutcomeClass, Retention, RolloutMode, RolloutSwitch, Scope,
 };
@@ -221,4 +221,27 @@ async fn each_refusal_is_counted_under_its_result() {
     ] {
         assert_eq!(recorded.get(&requests(result)), expected, "{result}: {:?}", recorded.names());
     }
+}
+
+/// The `result` label's values are a published interface: exactly these, in this order.
+#[test]
+fn the_result_values_are_the_published_ones() {
+    let published = [
+        "executed",
+        "replayed",
+        "key_missing",
+        "key_invalid",
+        "key_reused",
+        "in_flight",
+        "key_expired",
+        "outcome_unknown",
+        "body_too_large",
+        "store_unavailable",
+        "commit_uncertain",
+        "released",
+        "response_too_large",
+        "handle_still_held",
+        "scope_missing",
+    ];
+    assert_eq!(RequestResult::ALL.map(RequestResult::as_str), published);
 }
