@@ -54,7 +54,7 @@ fn layer_cost(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let body = body();
     let bare = tower::service_fn(handler);
-    let guarded = IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(handler));
+    let guarded = guarded_fresh();
     let counter = AtomicU64::new(0);
 
     let mut group = c.benchmark_group("layer_256B_json");
@@ -77,7 +77,7 @@ fn layer_cost(c: &mut Criterion) {
         group.bench_function("layer/new_key/recorder", |b| {
             new_keys(b, &runtime, &body, &counter, guarded_fresh, || handle.run_upkeep())
         });
-        let guarded = IdempotencyLayer::new(MemoryStore::new()).shared_scope("bench").layer(tower::service_fn(handler));
+        let guarded = guarded_fresh();
         replays(&mut group, "layer/replay/recorder", &runtime, &guarded, &body);
         handle.run_upkeep();
         assert!(handle.render().contains("idempotency_requests_total"), "the recorder saw the layer's metrics");
@@ -120,7 +120,7 @@ fn floor(b: &mut criterion::Bencher<'_>, body: &Bytes, counter: &AtomicU64) {
     })
 }
 
-/// The layer around the handler, with a fresh store.
+/// The layer around the handler, over a fresh store.
 fn guarded_fresh() -> impl tower::Service<
     Request<Full<Bytes>>,
     Response = Response<tower_idempotency::IdempotencyBody<Full<Bytes>>>,

@@ -469,6 +469,7 @@ mod imp {
 mod tests {
     use super::RequestResult;
     use crate::problem::ProblemCode;
+
     /// Every refusal the layer answers is counted under its own result (the ones a test of
     /// `MemoryStore` cannot provoke included: a dead store, an uncertain commit, a handle kept
     /// past the handler).

@@ -10,15 +10,32 @@ mod support;
 use std::net::SocketAddr;
 
 use sqlx::{Sqlite, SqlitePool};
-use tonic::transport::Server;
+use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
 use tower_idempotency::{CouplingMode, IdempotencyContext, IdempotencyLayer, RolloutMode, RolloutSwitch, TxHandle};
 
+use grpc::proto::things_client::ThingsClient;
 use grpc::proto::things_server::{Things, ThingsServer};
 use grpc::proto::{CreateThing, Thing};
 use grpc::{ThingsService, call, client, replayed, rows, thing};
 
 const ACCOUNT: Option<&str> = Some("acct_1");
+
+/// In `Off`, then `Shadow`: one key created twice (never replayed, the handler given its
+/// context each time) and a call answered UNAVAILABLE (released, so its write rolls back).
+async fn calls_on_the_old_path(client: &mut ThingsClient<Channel>, switch: &RolloutSwitch) {
+    for mode in [RolloutMode::Off, RolloutMode::Shadow] {
+        switch.set(mode);
+        let key = format!("k-{}", mode.as_str());
+        for _ in 0..2 {
+            let answer = client.create(call(thing("pen", 1), ACCOUNT, &[&key])).await.expect("the old path answers");
+            assert!(!replayed(answer.metadata()), "{mode:?}: never replayed");
+            assert_eq!(answer.get_ref().operation_id.len(), 36, "the handler still gets its context");
+        }
+        let failed = client.fail(call(thing("pen", 1), ACCOUNT, &[&key])).await.expect_err("fails");
+        assert_eq!(failed.code(), tonic::Code::Unavailable);
+    }
+}
 
 #[tokio::test]
 async fn postgres_off_and_shadow_give_the_handler_a_committed_plain_transaction() {
@@ -29,17 +46,7 @@ async fn postgres_off_and_shadow_give_the_handler_a_committed_plain_transaction(
     let addr = grpc::serve(grpc::layer(store).rollout(switch.clone()), ThingsService::new(pool.clone())).await;
     let mut client = client(addr).await;
 
-    for mode in [RolloutMode::Off, RolloutMode::Shadow] {
-        switch.set(mode);
-        let key = format!("k-{}", mode.as_str());
-        for _ in 0..2 {
-            let answer = client.create(call(thing("pen", 1), ACCOUNT, &[&key])).await.expect("the old path answers");
-            assert!(!replayed(answer.metadata()), "{mode:?}: never replayed");
-        }
-        // An UNAVAILABLE answer (released) rolls the handler's write back.
-        let failed = client.fail(call(thing("pen", 1), ACCOUNT, &[&key])).await.expect_err("fails");
-        assert_eq!(failed.code(), tonic::Code::Unavailable);
-    }
+    calls_on_the_old_path(&mut client, &switch).await;
     assert_eq!(rows(&pool, "create").await, 4, "an order per call, committed");
     assert_eq!(rows(&pool, "fail").await, 0, "a released answer rolls back");
     let in_tx: i64 =
@@ -124,21 +131,9 @@ async fn sqlite_off_and_shadow_give_the_handler_a_committed_plain_transaction() 
         .add_service(ThingsServer::new(SqliteThings))
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     tokio::spawn(async move { server.await.expect("the gRPC test server") });
-    let mut client = grpc::proto::things_client::ThingsClient::new(
-        tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.expect("connect"),
-    );
+    let mut client = client(addr).await;
 
-    for mode in [RolloutMode::Off, RolloutMode::Shadow] {
-        switch.set(mode);
-        let key = format!("k-{}", mode.as_str());
-        for _ in 0..2 {
-            let answer = client.create(call(thing("pen", 1), ACCOUNT, &[&key])).await.expect("the old path answers");
-            assert!(!replayed(answer.metadata()), "{mode:?}: never replayed");
-            assert_eq!(answer.get_ref().operation_id.len(), 36, "the handler still gets its context");
-        }
-        let failed = client.fail(call(thing("pen", 1), ACCOUNT, &[&key])).await.expect_err("fails");
-        assert_eq!(failed.code(), tonic::Code::Unavailable);
-    }
+    calls_on_the_old_path(&mut client, &switch).await;
     assert_eq!(sqlite_rows(&pool, "create").await, 4, "a row per call, committed");
     assert_eq!(sqlite_rows(&pool, "fail").await, 0, "a released answer rolls back");
     let records: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records").fetch_one(&pool).await.unwrap();
