@@ -314,12 +314,30 @@ impl RecordId {
         bytes
     }
 
+    /// What the SQL stores keep to find this identity by its operation id within the scope
+    /// whose digest is `scope_digest` (see [`scoped_operation_key`]).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub(crate) fn operation_key(&self, scope_digest: &[u8; 32]) -> [u8; 16] {
+        scoped_operation_key(&self.operation_id_bytes(), scope_digest)
+    }
+
     /// A key for a downstream call (a payment provider's `Idempotency-Key`, say), stable for
     /// this identity and `purpose`, so the downstream sees the same key on every retry.
     pub fn downstream_key(&self, purpose: &str) -> String {
         let derived = derive(b"downstream-key", &self.0, purpose.as_bytes());
         crate::hex::encode(&derived[..20])
     }
+}
+
+/// The operation id's 16 bytes bound to a scope: a one-way digest of both, so that one column
+/// (and one index entry) finds a record by its operation id only from within its own scope.
+/// Knowing another scope's operation id does not give its key without that scope's digest.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn scoped_operation_key(operation_id: &[u8; 16], scope_digest: &[u8; 32]) -> [u8; 16] {
+    let derived = derive(b"operation-in-scope", scope_digest, operation_id);
+    let mut key = [0; 16];
+    key.copy_from_slice(&derived[..16]);
+    key
 }
 
 fn derive(domain: &[u8], digest: &[u8; 32], extra: &[u8]) -> [u8; 32] {

@@ -19,7 +19,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::dialect::{Arg, Bound, Dialect, InfoRow};
 use super::{Records, millis, unavailable};
-use crate::key::{RecordId, Scope};
+use crate::key::{RecordId, Scope, scoped_operation_key};
 use crate::record::{RecordState, StoredResponse};
 use crate::store::admin::{
     Backoff, LeaseSweep, RecordInfo, SettleError, SettleRequest, Settlement, StateCounts, parse_operation_id,
@@ -117,11 +117,11 @@ impl<D: Dialect> AdminStatements<D> {
         let no = D::FALSE;
         let info = |now: &str| {
             format!(
-                "record_id, state, operation, fingerprint_version, fencing_token, {created}, {updated}, {until}, \
-                 {forget}, {lease}, response_status, response_headers, CAST(attempts AS bigint), \
+                "record_id, state, operation, fingerprint_version, COALESCE(fencing_token, 0), {created}, {updated}, {until}, \
+                 {forget}, {lease}, response_status, response_headers, CAST(COALESCE(attempts, 0) AS bigint), \
                  COALESCE(response_until <= {now}, {no}), COALESCE(forget_at <= {now}, {no})",
                 created = D::epoch_ms("created_at"),
-                updated = D::epoch_ms("updated_at"),
+                updated = D::epoch_ms("COALESCE(updated_at, created_at)"),
                 until = D::epoch_ms("response_until"),
                 forget = D::epoch_ms("forget_at"),
                 lease = D::epoch_ms("lease_until"),
@@ -133,9 +133,17 @@ impl<D: Dialect> AdminStatements<D> {
                 let now = D::now(2);
                 sql(format!("SELECT {} FROM {t} WHERE record_id = {}", info(&now), p(1)))
             },
+            // A record written since migration 9 (PostgreSQL) keeps its scope inside the
+            // operation's key; one written before, the operation id and the scope's digest.
             inspect_operation: {
-                let now = D::now(3);
-                sql(format!("SELECT {} FROM {t} WHERE operation_id = {} AND scope_digest = {}", info(&now), p(1), p(2)))
+                let now = D::now(4);
+                sql(format!(
+                    "SELECT {} FROM {t} WHERE operation_id = {} OR (operation_id = {} AND scope_digest = {})",
+                    info(&now),
+                    p(1),
+                    p(2),
+                    p(3)
+                ))
             },
             list_unknown: {
                 let now = D::now(2);
@@ -166,7 +174,8 @@ impl<D: Dialect> AdminStatements<D> {
                     "UPDATE {t} SET state = {state}, response_status = {status}, response_headers = {headers}, \
                          response_body = {body}, lease_until = NULL, response_until = {until}, \
                          forget_at = {forget}, recheck_at = NULL, updated_at = {now} \
-                     WHERE record_id = {id} AND fencing_token = {token} AND {is_unknown} AND {live}",
+                     WHERE record_id = {id} AND COALESCE(fencing_token, 0) = {token} AND {is_unknown} \
+                       AND {live}",
                     id = p(1),
                     token = p(2),
                     state = p(3),
@@ -182,7 +191,7 @@ impl<D: Dialect> AdminStatements<D> {
             settle_release: {
                 let now = D::now(3);
                 sql(format!(
-                    "DELETE FROM {t} WHERE record_id = {id} AND fencing_token = {token} AND {is_unknown} \
+                    "DELETE FROM {t} WHERE record_id = {id} AND COALESCE(fencing_token, 0) = {token} AND {is_unknown} \
                        AND {live}",
                     id = p(1),
                     token = p(2),
@@ -224,7 +233,7 @@ impl<D: Dialect> AdminStatements<D> {
             checkout: {
                 let now = D::now(5);
                 let wait = format!(
-                    "{least}({first} << {least}(attempts, 30), {max})",
+                    "{least}({first} << {least}(COALESCE(attempts, 0), 30), {max})",
                     least = D::LEAST,
                     first = D::bigint(3),
                     max = D::bigint(4),
@@ -238,7 +247,7 @@ impl<D: Dialect> AdminStatements<D> {
                 sql(format!(
                     "WITH picked AS{materialized} (SELECT record_id FROM {t} WHERE {due} ORDER BY created_at \
                                                   LIMIT {limit}{lock}) \
-                     UPDATE {t} SET attempts = attempts + 1, recheck_at = {recheck} \
+                     UPDATE {t} SET attempts = COALESCE(attempts, 0) + 1, recheck_at = {recheck} \
                      WHERE {picked} AND {due} \
                      RETURNING {info}",
                     materialized = D::MATERIALIZED,
@@ -280,7 +289,12 @@ impl<D: Dialect> Records<D> {
         operation_id: &str,
     ) -> Result<Option<RecordInfo>, StoreError> {
         let Some(operation_id) = parse_operation_id(operation_id) else { return Ok(None) };
-        let args = vec![Arg::Bytes(operation_id.to_vec()), Arg::Bytes(scope.digest().to_vec())];
+        let scope = scope.digest();
+        let args = vec![
+            Arg::Bytes(scoped_operation_key(&operation_id, &scope).to_vec()),
+            Arg::Bytes(operation_id.to_vec()),
+            Arg::Bytes(scope.to_vec()),
+        ];
         let statement = Bound::new(&self.admin().inspect_operation, args, D::now_value());
         Ok(self.infos(statement).await?.pop())
     }

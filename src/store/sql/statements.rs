@@ -61,7 +61,7 @@ impl<D: Dialect> Statements<D> {
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         let columns = |now: &str| {
             format!(
-                "state, fingerprint_version, fingerprint, fencing_token, {lease_left}, \
+                "state, fingerprint_version, fingerprint, COALESCE(fencing_token, 0), {lease_left}, \
                  COALESCE(response_until <= {now}, {no}), COALESCE(forget_at <= {now}, {no}), \
                  response_status, response_headers, response_body",
                 lease_left = D::millis_until("lease_until", now),
@@ -224,8 +224,10 @@ impl<D: Dialect> Statements<D> {
             lease.map_or(Arg::Int(None), |lease| D::later_arg(now, lease)),
             Arg::Flag(request.stale_lease == StaleLeasePolicy::Reexecute),
             Arg::OptText(kept_operation(request.operation).map(str::to_owned)),
-            Arg::OptBytes(request.scope.map(|scope| scope.digest().to_vec())),
-            Arg::Bytes(request.id.operation_id_bytes().to_vec()),
+            // The scope is kept inside the operation's key (no scope: no key, as no lookup can
+            // name it), not in a column of its own.
+            Arg::OptBytes(None),
+            Arg::OptBytes(request.scope.map(|scope| request.id.operation_key(&scope.digest()).to_vec())),
             D::later_arg(now, request.retention.unsettled),
             D::later_arg(now, request.retention.unsettled.saturating_add(request.retention.tombstone)),
         ];

@@ -1,6 +1,7 @@
 //! The atomic path of [`PostgresStore`]: the claim that begins the handler's transaction, and
 //! the outcome written with a prepared INSERT and committed (see the module docs of `postgres`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
@@ -28,6 +29,8 @@ const UNDEFINED_FUNCTION: &str = "42883";
 
 /// A unique violation; on the records table's primary key, another record holds the identity.
 const UNIQUE_VIOLATION: &str = "23505";
+/// A NULL where a column refuses one: a compact record in a table without migration 9.
+const NOT_NULL_VIOLATION: &str = "23502";
 
 /// The bounded wait on a concurrent claimant ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -209,6 +212,7 @@ impl AtomicClaim {
         );
         if let Err(error) = Pg::execute(&mut tx, insert).await {
             let lost = self.store.is_identity_conflict(&error);
+            self.store.atomic.refused_compact(&error);
             tx.discard().await;
             return Err(if lost {
                 // Another request's record won: this execution's writes rolled back.
@@ -283,13 +287,21 @@ pub(super) struct AtomicStatements {
     claim_function: String,
     /// Migration 8's `_claim_first` function, qualified.
     claim_first_function: String,
-    /// The prepared INSERT of a record with its outcome.
+    /// The prepared INSERT of a record with its outcome, in migration 9's compact form (no
+    /// fencing token, `updated_at` or attempts: an atomic record never had them).
     store_insert: SqlStr,
+    /// The same INSERT for a table without migration 9, whose columns refuse NULL.
+    store_insert_uncompacted: SqlStr,
+    /// Whether the table took a compact record: until an INSERT finds a column that refuses NULL
+    /// (migration 9 not run), then the uncompacted INSERT from there on.
+    compact: AtomicBool,
 }
 
 impl AtomicStatements {
     pub(super) fn new(schema: &str, table: &str, columns: &str) -> Self {
         let t = format!("\"{schema}\".\"{table}\"");
+        let until = Pg::plus_ms("clock_timestamp()", "$8");
+        let forget = Pg::plus_ms("clock_timestamp()", "$9");
         Self {
             read_template: format!("SELECT {columns} FROM {t} WHERE record_id = {}", bytea_literal("{id}")),
             primary_key: format!("{table}_pkey"),
@@ -300,12 +312,18 @@ impl AtomicStatements {
             store_insert: AssertSqlSafe(format!(
                 "INSERT INTO {t} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                      response_status, response_headers, response_body, response_until, forget_at, \
-                     operation, scope_digest, operation_id) \
-                 VALUES ($1, $2, $3, $4, 0, $5, $6, $7, {until}, {forget}, $10, $11, $12)",
-                until = Pg::plus_ms("clock_timestamp()", "$8"),
-                forget = Pg::plus_ms("clock_timestamp()", "$9"),
+                     updated_at, attempts, operation, operation_id) \
+                 VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, {until}, {forget}, NULL, NULL, $10, $11)"
             ))
             .into_sql_str(),
+            store_insert_uncompacted: AssertSqlSafe(format!(
+                "INSERT INTO {t} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
+                     response_status, response_headers, response_body, response_until, forget_at, \
+                     operation, operation_id) \
+                 VALUES ($1, $2, $3, $4, 0, $5, $6, $7, {until}, {forget}, $10, $11)"
+            ))
+            .into_sql_str(),
+            compact: AtomicBool::new(true),
             table: t,
         }
     }
@@ -391,10 +409,25 @@ impl AtomicStatements {
             Arg::Int(Some(keep)),
             Arg::Int(Some(keep.saturating_add(millis(retention.tombstone)))),
             Arg::OptText(operation.clone()),
-            Arg::OptBytes(scope.map(|digest| digest.to_vec())),
-            Arg::Bytes(id.operation_id_bytes().to_vec()),
+            Arg::OptBytes(scope.map(|digest| id.operation_key(&digest).to_vec())),
         ];
-        Bound::new(&self.store_insert, args, None)
+        let insert =
+            if self.compact.load(Ordering::Relaxed) { &self.store_insert } else { &self.store_insert_uncompacted };
+        Bound::new(insert, args, None)
+    }
+
+    /// Whether `error` says the table refused a compact record: a column still NOT NULL, from
+    /// a table that migration 9 has not reached. The store writes uncompacted records from then
+    /// on (this request's own INSERT is lost with its transaction, as any failed INSERT is).
+    fn refused_compact(&self, error: &sqlx::Error) -> bool {
+        let refused = error.as_database_error().is_some_and(|e| e.code().as_deref() == Some(NOT_NULL_VIOLATION));
+        if refused && self.compact.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                "tower-idempotency: the records table lacks migration 9 (run PostgresStore::migrate); \
+                 writing records in the uncompacted form"
+            );
+        }
+        refused
     }
 }
 
@@ -455,7 +488,7 @@ mod tests {
         let atomic = AtomicStatements::new("s", "t", &statements.columns);
         assert_eq!(
             atomic.read_template,
-            "SELECT state, fingerprint_version, fingerprint, fencing_token, \
+            "SELECT state, fingerprint_version, fingerprint, COALESCE(fencing_token, 0), \
              (EXTRACT(EPOCH FROM (lease_until - clock_timestamp())) * 1000)::bigint, \
              COALESCE(response_until <= clock_timestamp(), false), \
              COALESCE(forget_at <= clock_timestamp(), false), \

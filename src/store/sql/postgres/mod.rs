@@ -181,6 +181,7 @@ const MIGRATION_0003: &str = include_str!("../../../../migrations/postgres/0003_
 const MIGRATION_0006: &str = include_str!("../../../../migrations/postgres/0006_shadow_record.sql");
 const MIGRATION_0007: &str = include_str!("../../../../migrations/postgres/0007_operation_id_hash.sql");
 const MIGRATION_0008: &str = include_str!("../../../../migrations/postgres/0008_claim_first.sql");
+const MIGRATION_0009: &str = include_str!("../../../../migrations/postgres/0009_compact_records.sql");
 
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
@@ -367,6 +368,7 @@ impl PostgresStore {
             (6, "shadow record", named(MIGRATION_0006)),
             (7, "operation id hash index", named(MIGRATION_0007)),
             (8, "claim first", named(MIGRATION_0008)),
+            (9, "compact records", named(MIGRATION_0009)),
         ];
         let mut migrator = migrator(sql, later, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
