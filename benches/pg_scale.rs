@@ -115,6 +115,9 @@ enum Work {
 }
 
 const REPLAY_KEYS: u64 = 1_000;
+/// The labels every claim carries, as a route's under an authentication layer's scope do.
+const SCOPE: &str = "scale";
+const OPERATION: &str = "POST /orders";
 
 /// A store and the count of keys its clients have used.
 struct Target {
@@ -125,7 +128,7 @@ struct Target {
 
 impl Target {
     fn id(&self, n: u64) -> RecordId {
-        RecordId::new(&Scope::new("scale"), "POST /orders", &IdempotencyKey::new(format!("{}-{n}", self.name)).unwrap())
+        RecordId::new(&Scope::new(SCOPE), OPERATION, &IdempotencyKey::new(format!("{}-{n}", self.name)).unwrap())
     }
 
     async fn run(&self, work: Work, window: Duration) -> Window {
@@ -136,6 +139,7 @@ impl Target {
             let (store, next, name) = (self.store.clone(), self.next.clone(), self.name);
             clients.push(tokio::spawn(async move {
                 let fingerprint = Fingerprint::from_parts(tower_idempotency::fingerprint::FINGERPRINT_VERSION, [7; 32]);
+                let scope = Scope::new(SCOPE);
                 let target = Target { name, store, next: next.clone() };
                 let mut latencies = Vec::new();
                 let mut replay = 0u64;
@@ -149,7 +153,8 @@ impl Target {
                     };
                     let id = target.id(n);
                     let started = Instant::now();
-                    let begun = target.store.begin(BeginRequest::new(&id, &fingerprint)).await.expect("begin");
+                    let request = BeginRequest::new(&id, &fingerprint).labels(&scope, OPERATION);
+                    let begun = target.store.begin(request).await.expect("begin");
                     match (work, begun) {
                         (Work::Claim, Begin::Claimed(claim)) => {
                             claim.finish(Outcome::Complete(answer())).await.expect("finish");
@@ -192,21 +197,24 @@ async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
         // the primary key); the answer varies in its first 16 bytes, so no two rows are alike.
         // Every row's times differ (by a microsecond a row), as the store's `clock_timestamp()`
         // makes them: equal times would let the expiry indexes deduplicate their keys and look
-        // several times smaller than they are.
+        // several times smaller than they are. The rows take the form the store writes
+        // (`row_sizes` checks it): no fencing token, attempts or scope digest, the scope inside
+        // the operation id's key, and `updated_at` only once a record changed (a tombstone).
         let step = "g * interval '1 microsecond'";
         let statement = format!(
             "INSERT INTO big (record_id, state, fingerprint_version, fingerprint, fencing_token, response_status, \
-                 response_headers, response_body, response_until, forget_at, created_at, updated_at, \
+                 response_headers, response_body, response_until, forget_at, created_at, updated_at, attempts, \
                  operation, scope_digest, operation_id) \
              SELECT sha256(int8send(g)), \
-                 CASE WHEN g < {answered} THEN 'completed' ELSE 'expired' END, 2, sha256(int8send(-g)), 0, \
+                 CASE WHEN g < {answered} THEN 'completed' ELSE 'expired' END, 2, sha256(int8send(-g)), NULL, \
                  CASE WHEN g < {answered} THEN 201 END, \
                  CASE WHEN g < {answered} THEN '\\x{headers}'::bytea END, \
                  CASE WHEN g < {answered} THEN overlay('\\x{body}'::bytea placing decode(md5(g::text), 'hex') from 1) END, \
                  CASE WHEN g < {live} THEN now() + interval '1 day' ELSE now() - interval '1 hour' END + {step}, \
                  CASE WHEN g < {answered} THEN now() + interval '8 days' ELSE now() - interval '1 minute' END + {step}, \
-                 now() - interval '1 day' + {step}, now() - interval '1 day' + {step}, \
-                 'POST /orders', sha256(int8send(g % 1000)), substr(sha256(int8send(g) || '\\x01'::bytea), 1, 16) \
+                 now() - interval '1 day' + {step}, \
+                 CASE WHEN g < {answered} THEN NULL ELSE now() - interval '1 hour' + {step} END, NULL, \
+                 '{OPERATION}', NULL, substr(sha256(int8send(g) || '\\x01'::bytea), 1, 16) \
              FROM generate_series({from}::bigint, {to}::bigint - 1) g"
         );
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(pool).await.expect("fill");
@@ -228,6 +236,30 @@ async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
         }
     }
     (answered, answered_bytes)
+}
+
+/// A row as the store writes it (one labelled record with the answer, through `store`) against
+/// one the fill wrote: the sizes above are the store's only if they are equal.
+async fn row_sizes(pool: &PgPool, store: &PostgresStore) {
+    let scope = Scope::new(SCOPE);
+    let id = RecordId::new(&scope, OPERATION, &IdempotencyKey::new("row-size-probe").unwrap());
+    let fingerprint = Fingerprint::from_parts(tower_idempotency::fingerprint::FINGERPRINT_VERSION, [7; 32]);
+    let request = BeginRequest::new(&id, &fingerprint).labels(&scope, OPERATION);
+    let Begin::Claimed(claim) = store.begin(request).await.expect("begin") else { panic!("a new key") };
+    claim.finish(Outcome::Complete(answer())).await.expect("finish");
+    let stored: i32 = sqlx::query_scalar("SELECT pg_column_size(b.*) FROM big b WHERE record_id = $1")
+        .bind(id.digest().to_vec())
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    // The fill's first row (g = 0) carries an answer.
+    let filled: i32 =
+        sqlx::query_scalar("SELECT pg_column_size(b.*) FROM big b WHERE record_id = sha256(int8send(0::bigint))")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    println!("  a record with its answer: {stored} bytes as the store writes it, {filled} as the fill did");
+    assert_eq!(stored, filled, "the fill must write records as the store does");
 }
 
 async fn vacuum(pool: &PgPool) {
@@ -316,6 +348,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     let bytes = total_bytes(&pool).await;
     println!("filled {rows} records in {:.0?}; {} bytes per record with tombstones", started.elapsed(), bytes / rows);
     print_sizes(&pool, rows).await;
+    row_sizes(&pool, &big).await;
     if let Some(per_tombstone) = bytes.saturating_sub(answered_bytes).checked_div(rows - answered) {
         println!("  a tombstone adds about {per_tombstone} bytes");
     }
