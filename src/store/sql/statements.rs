@@ -338,9 +338,11 @@ impl PurgeStatements {
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         let now = D::now(2);
         Self {
+            // Tombstones only: a record reaches its tombstone time as one (its response retention
+            // ends first and `expire` makes it one), and PostgreSQL's index covers only them.
             forget: sql(format!(
                 "DELETE FROM {t} WHERE {picked}",
-                picked = D::purge_pick(t, &format!("forget_at <= {now}"), &p(1)),
+                picked = D::purge_pick(t, &format!("state = '{}' AND forget_at <= {now}", EXPIRED.as_str()), &p(1)),
             )),
             expire: sql(format!(
                 "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
