@@ -6,10 +6,10 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::post;
-use http::{HeaderMap, Request, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Postgres};
-use tower_idempotency::{IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, Store, TxHandle};
+use tower_idempotency::{IdempotencyContext, IdempotencyLayer, PostgresStore, Scope, Store, StoredResponse, TxHandle};
 
 /// The order every request posts.
 pub const BODY: &str = "{\"sku\":\"book-42\",\"quantity\":1,\"amount_minor\":129900,\"currency\":\"EUR\"}";
@@ -86,12 +86,16 @@ const FLOOR_READ_RECORDS: &str = "floor_read_records";
 /// The records table of the floor with a prepared read, the same shape, apart from the others.
 const FLOOR_PREPARED_READ_RECORDS: &str = "floor_prepared_read_records";
 
-/// The handlers' answer for `order_id`, and its headers as the floors keep them beside it.
-fn answer_and_kept_headers(order_id: uuid::Uuid, body: &str) -> (Created, String) {
+/// The handlers' answer for `order_id`, and its headers as the floors keep them beside it: in
+/// the stores' own form ([`StoredResponse::encode_fields`]), so that floor rows weigh what the
+/// layer's do.
+fn answer_and_kept_headers(order_id: uuid::Uuid, body: &str) -> (Created, Vec<u8>) {
     let answer = created(order_id, body);
-    let [(_, content_type), (_, location)] = &answer.1;
-    let kept_headers = format!("content-type: {content_type}\nlocation: {location}");
-    (answer, kept_headers)
+    let mut stored = StoredResponse::new(answer.0, Vec::new());
+    for (name, value) in &answer.1 {
+        stored.headers.push((HeaderName::from_static(name), HeaderValue::from_str(value).expect("a header value")));
+    }
+    (answer, stored.encode_fields())
 }
 
 /// The floor: the same order, and in the same transaction a row of the answer in a table of
@@ -105,13 +109,13 @@ async fn create_order_and_record(State(pool): State<PgPool>, headers: HeaderMap,
     insert_order(order_id, String::new(), &body).execute(&mut *tx).await.expect("insert the order");
     sqlx::query(
         "INSERT INTO floor_records (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-             response_status, response_headers, response_body, response_until, forget_at) \
-         VALUES ($1, 'completed', 1, $2, 0, 201, $3, $4, clock_timestamp() + interval '1 day', \
-             clock_timestamp() + interval '2 days')",
+             response_status, response_headers, response_body, response_until, forget_at, updated_at, attempts) \
+         VALUES ($1, 'completed', 1, $2, NULL, 201, $3, $4, clock_timestamp() + interval '1 day', \
+             clock_timestamp() + interval '2 days', NULL, NULL)",
     )
     .bind(Sha256::digest(key).to_vec())
     .bind(Sha256::digest(body.as_bytes()).to_vec())
-    .bind(kept_headers.into_bytes())
+    .bind(kept_headers)
     .bind(answer.2.clone().into_bytes())
     .execute(&mut *tx)
     .await
@@ -123,8 +127,7 @@ async fn create_order_and_record(State(pool): State<PgPool>, headers: HeaderMap,
 /// The floor with what no claim can skip: the same order and record as [`create_order_and_record`],
 /// but BEGIN travels with a read of the record by its primary key (one round trip, as the
 /// store's claim goes), and the record carries the labels the store writes with every record
-/// (operation, scope digest, operation id, whose hash index the record then joins). No lock, no
-/// function, no fingerprint, no layer.
+/// (see [`insert_labelled_record`]). No lock, no function, no fingerprint, no layer.
 async fn create_order_read_and_record(State(pool): State<PgPool>, headers: HeaderMap, body: String) -> Created {
     let key = headers.get("idempotency-key").map_or(&[][..], |key| key.as_bytes());
     let record_id = Sha256::digest(key);
@@ -166,29 +169,29 @@ async fn create_order_prepared_read_and_record(
     answer
 }
 
-/// The record of `answer` in `table`, with the labels the store writes with every record
-/// (operation, scope digest, operation id, whose hash index the record then joins).
+/// The record of `answer` in `table`, with the labels the store writes with every record (the
+/// operation, and the operation id's key, which joins its hash index), in the compact form the
+/// store writes (migration 9: no fencing token, `updated_at`, attempts or scope digest).
 async fn insert_labelled_record(
     conn: &mut sqlx::PgConnection,
     table: &str,
     record_id: [u8; 32],
     body: &str,
     answer: &Created,
-    kept_headers: String,
+    kept_headers: Vec<u8>,
 ) {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {table} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
-             response_status, response_headers, response_body, response_until, forget_at, \
-             operation, scope_digest, operation_id) \
-         VALUES ($1, 'completed', 1, $2, 0, 201, $3, $4, clock_timestamp() + interval '1 day', \
-             clock_timestamp() + interval '2 days', $5, $6, $7)"
+             response_status, response_headers, response_body, response_until, forget_at, updated_at, \
+             attempts, operation, operation_id) \
+         VALUES ($1, 'completed', 1, $2, NULL, 201, $3, $4, clock_timestamp() + interval '1 day', \
+             clock_timestamp() + interval '2 days', NULL, NULL, $5, $6)"
     )))
     .bind(record_id.to_vec())
     .bind(Sha256::digest(body.as_bytes()).to_vec())
-    .bind(kept_headers.into_bytes())
+    .bind(kept_headers)
     .bind(answer.2.clone().into_bytes())
     .bind("POST /orders")
-    .bind(Scope::new("bench-account").digest().to_vec())
     .bind(record_id[..16].to_vec())
     .execute(conn)
     .await
