@@ -86,7 +86,7 @@ async fn the_table_is_hash_partitioned_and_records_spread_over_the_partitions() 
         let expected_indexes = [
             "idempotency_records_live_until_idx",
             "idempotency_records_open_idx",
-            "idempotency_records_operation_key_hash",
+            "idempotency_records_operation_id_hash",
             "idempotency_records_pkey",
             "idempotency_records_tombstone_forget_idx",
             "idempotency_records_unknown_age_idx",

@@ -182,7 +182,7 @@ const MIGRATION_0006: &str = include_str!("../../../../migrations/postgres/0006_
 const MIGRATION_0007: &str = include_str!("../../../../migrations/postgres/0007_operation_id_hash.sql");
 const MIGRATION_0008: &str = include_str!("../../../../migrations/postgres/0008_claim_first.sql");
 const MIGRATION_0009: &str = include_str!("../../../../migrations/postgres/0009_compact_records.sql");
-const MIGRATION_0010: &str = include_str!("../../../../migrations/postgres/0010_smaller_indexes.sql");
+const MIGRATION_0010: &str = include_str!("../../../../migrations/postgres/0010_tombstone_forget_index.sql");
 
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
@@ -370,7 +370,7 @@ impl PostgresStore {
             (7, "operation id hash index", named(MIGRATION_0007)),
             (8, "claim first", named(MIGRATION_0008)),
             (9, "compact records", named(MIGRATION_0009)),
-            (10, "smaller indexes", named(MIGRATION_0010)),
+            (10, "tombstone forget index", named(MIGRATION_0010)),
         ];
         let mut migrator = migrator(sql, later, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
