@@ -104,9 +104,11 @@ impl StoredResponse {
         Self { status, headers: Vec::new(), trailers: Vec::new(), body: body.into() }
     }
 
-    /// The headers and trailers in the stores' binary form (format 2 of the `fields` module:
-    /// common names and fields as one byte, lengths as LEB128), as the SQL stores keep them and
-    /// the Redis fast path seals them.
+    /// The headers and trailers in the stores' binary form, as the SQL stores keep them and the
+    /// Redis fast path seals them. Format 2: a `0x02` byte, then each field as a tag byte (its
+    /// high bit set for a trailer) followed by what the tag does not name: common names and
+    /// whole fields (`content-type: application/json`, `grpc-status: 0`, ...) are the tag
+    /// alone or the tag and the value; other names and values are LEB128 lengths and bytes.
     ///
     /// ```
     /// use http::{HeaderValue, StatusCode, header};

@@ -69,10 +69,12 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     const BATCH_LOCK: &'static str = "";
 
     /// The `WHERE` clause of a purge statement on `t` (qualified and quoted): at most `limit`
-    /// rows that meet `condition`, picked by their physical address so that no primary-key
-    /// lookup follows the pick (SQLite's `rowid`).
-    fn purge_pick(t: &str, condition: &str, limit: &str) -> String {
-        format!("rowid IN (SELECT rowid FROM {t} WHERE {condition} LIMIT {limit})")
+    /// rows that meet `condition`, earliest `order` first, picked by their physical address so
+    /// that no primary-key lookup follows the pick (SQLite's `rowid`). The order walks the
+    /// index on `order` from its start and stops at the first row not yet due, whatever the
+    /// statistics say: with nothing due the pick reads one index page, not the table.
+    fn purge_pick(t: &str, condition: &str, order: &str, limit: &str) -> String {
+        format!("rowid IN (SELECT rowid FROM {t} WHERE {condition} ORDER BY {order} LIMIT {limit})")
     }
 
     /// The `n`th parameter (1-based).
@@ -90,6 +92,12 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
     /// parameter).
     fn now(n: usize) -> String {
         Self::param(n)
+    }
+
+    /// "Now" as [`now`](Self::now), but one value for the whole statement, which an index
+    /// condition can compare with (a clock read row by row can only filter what a scan found).
+    fn stable_now(n: usize) -> String {
+        Self::now(n)
     }
 
     /// The point in time that parameter `n` stands for, `n` carrying [`later_arg`](Self::later_arg)

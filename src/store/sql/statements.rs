@@ -336,21 +336,31 @@ impl PurgeStatements {
     fn new<D: Dialect>(t: &str) -> Self {
         let p = D::param;
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
-        let now = D::now(2);
+        // One "now" for the statement, so that the times bound the walk of their index.
+        let now = D::stable_now(2);
         Self {
             // Tombstones only: a record reaches its tombstone time as one (its response retention
             // ends first and `expire` makes it one), and PostgreSQL's index covers only them.
             forget: sql(format!(
                 "DELETE FROM {t} WHERE {picked}",
-                picked = D::purge_pick(t, &format!("state = '{}' AND forget_at <= {now}", EXPIRED.as_str()), &p(1)),
+                picked = D::purge_pick(
+                    t,
+                    &format!("state = '{}' AND forget_at <= {now}", EXPIRED.as_str()),
+                    "forget_at",
+                    &p(1)
+                ),
             )),
             expire: sql(format!(
                 "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
                      response_body = NULL, updated_at = {now} \
                  WHERE {picked}",
                 expired = EXPIRED.as_str(),
-                picked =
-                    D::purge_pick(t, &format!("state <> '{}' AND response_until <= {now}", EXPIRED.as_str()), &p(1)),
+                picked = D::purge_pick(
+                    t,
+                    &format!("state <> '{}' AND response_until <= {now}", EXPIRED.as_str()),
+                    "response_until",
+                    &p(1)
+                ),
             )),
         }
     }

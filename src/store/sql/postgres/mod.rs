@@ -202,15 +202,22 @@ impl Dialect for Pg {
     // the purge's time at 5,000 a batch). Locked as they are picked, so concurrent purges skip
     // them; the condition is checked again on the row an address finds, so a row updated since
     // its pick (its old address then names a dead version) is left for the next batch.
-    fn purge_pick(t: &str, condition: &str, limit: &str) -> String {
+    fn purge_pick(t: &str, condition: &str, order: &str, limit: &str) -> String {
         format!(
-            "ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE {condition} LIMIT {limit}{lock})) AND {condition}",
+            "ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE {condition} ORDER BY {order} LIMIT {limit}{lock})) \
+             AND {condition}",
             lock = Self::BATCH_LOCK
         )
     }
 
     fn now(_: usize) -> String {
         "clock_timestamp()".into()
+    }
+
+    // The statement's start: `clock_timestamp()` is volatile, so a comparison with it is
+    // checked row by row after the scan and never bounds an index range.
+    fn stable_now(_: usize) -> String {
+        "statement_timestamp()".into()
     }
 
     fn later(n: usize) -> String {
