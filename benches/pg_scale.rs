@@ -28,7 +28,8 @@
 //! 4. **purge throughput while serving**: the same claims as traffic, windows without a purge
 //!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
 //!    size: records purged per second, and the serving throughput with the purge over the one
-//!    without (the window before it).
+//!    without (the window before it); first with the purge paced at the aim's rate (a batch of
+//!    5,000 every 100 ms), then flat out.
 //!
 //! Run with `cargo bench --bench pg_scale --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server). `PG_SCALE_ROWS` chooses fewer records for a quick run.
@@ -64,6 +65,9 @@ const ROUNDS: usize = 3;
 /// One serving window of the purge measurement.
 const PURGE_WINDOW: Duration = Duration::from_secs(5);
 const BATCHES: [usize; 3] = [1_000, 5_000, 20_000];
+/// The paced purge: a batch of this size every `PACE`, the aim's 50,000 records a second.
+const PACED_BATCH: usize = 5_000;
+const PACE: Duration = Duration::from_millis(100);
 /// How long the purge runs alone, before the purge while serving.
 const PURGE_ALONE: Duration = Duration::from_secs(2);
 
@@ -406,7 +410,8 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
 
     println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
     let serving = &targets[1];
-    for batch in BATCHES {
+    let paced = std::iter::once((PACED_BATCH, Some(PACE)));
+    for (batch, pace) in paced.chain(BATCHES.into_iter().map(|batch| (batch, None))) {
         let without = serving.run(Work::Claim, PURGE_WINDOW).await;
         let (before, expired_before) = count(&pool).await;
         let claimed_before = serving.next.load(Ordering::Relaxed);
@@ -415,7 +420,11 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
             let (big, stop) = (big.clone(), stop.clone());
             tokio::spawn(async move {
                 let (mut purged, started) = (0usize, Instant::now());
+                let mut ticks = pace.map(tokio::time::interval);
                 while !stop.load(Ordering::Relaxed) {
+                    if let Some(ticks) = &mut ticks {
+                        ticks.tick().await;
+                    }
                     let n = big.purge(batch).await.expect("purge");
                     purged += n;
                     if n == 0 {
@@ -433,8 +442,9 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
         let deleted = before + inserted - after;
         let tombstoned = expired_after - (expired_before - deleted);
         println!(
-            "  batch {batch:>6}: {:>7.0} records/s purged ({deleted} deleted, {tombstoned} made tombstones in {elapsed:.1?}); \
+            "  batch {batch:>6}{}: {:>7.0} records/s purged ({deleted} deleted, {tombstoned} made tombstones in {elapsed:.1?}); \
              serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}",
+            pace.map_or_else(|| ", flat out".to_owned(), |pace| format!(" every {pace:?}")),
             purged as f64 / elapsed.as_secs_f64(),
             with.throughput(),
             without.throughput(),
