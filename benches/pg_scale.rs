@@ -29,7 +29,7 @@
 //!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
 //!    size: records purged per second, and the serving throughput with the purge over the one
 //!    without (the window before it); first with the purge paced at the aim's rate (a batch of
-//!    5,000 every 100 ms), then flat out.
+//!    5,000 every 100 ms), then flat out, then paced again (by then making tombstones).
 //!
 //! Run with `cargo bench --bench pg_scale --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server). `PG_SCALE_ROWS` chooses fewer records for a quick run.
@@ -410,8 +410,11 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
 
     println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
     let serving = &targets[1];
-    let paced = std::iter::once((PACED_BATCH, Some(PACE)));
-    for (batch, pace) in paced.chain(BATCHES.into_iter().map(|batch| (batch, None))) {
+    // Paced first (the fill's deletable records are there) and last (by then the flat-out
+    // windows have deleted them, so it makes tombstones, the dearer half of the work).
+    let paced = (PACED_BATCH, Some(PACE));
+    let flat_out = BATCHES.into_iter().map(|batch| (batch, None));
+    for (batch, pace) in std::iter::once(paced).chain(flat_out).chain(std::iter::once(paced)) {
         let without = serving.run(Work::Claim, PURGE_WINDOW).await;
         let (before, expired_before) = count(&pool).await;
         let claimed_before = serving.next.load(Ordering::Relaxed);
