@@ -75,17 +75,18 @@ impl<D: Dialect> Statements<D> {
             // Claims a new identity, or takes over a forgotten record, or (when the route is
             // re-executable) a dead holder's lease on the same request. Any other existing row
             // returns nothing; a concurrent claimant's uncommitted row makes this wait.
-            // The claim names its operation and scope (for reconcilers and the operation id
-            // lookup) and carries the unsettled retention: a claim whose holder never finishes
-            // still expires.
+            // The claim names its operation (for reconcilers) and the operation id's key, which
+            // holds the scope (for the operation id lookup; the `scope_digest` column is left
+            // empty since migration 9), and carries the unsettled retention: a claim whose holder
+            // never finishes still expires.
             claim: {
-                let now = D::now(12);
+                let now = D::now(11);
                 sql(format!(
                     "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                                            lease_until, created_at, updated_at, reexecutable, operation, \
-                                           scope_digest, operation_id, response_until, forget_at) \
+                                           operation_id, response_until, forget_at) \
                      VALUES ({id}, '{PROCESSING}', {version}, {fingerprint}, {token}, {lease}, {now}, {now}, \
-                             {reexecute}, {operation}, {scope}, {operation_id}, {until}, {forget}) \
+                             {reexecute}, {operation}, {operation_id}, {until}, {forget}) \
                      ON CONFLICT {conflict_target} DO UPDATE SET \
                          state = '{PROCESSING}', fingerprint_version = excluded.fingerprint_version, \
                          fingerprint = excluded.fingerprint, fencing_token = excluded.fencing_token, \
@@ -93,7 +94,7 @@ impl<D: Dialect> Statements<D> {
                          response_body = NULL, response_until = excluded.response_until, \
                          forget_at = excluded.forget_at, created_at = excluded.created_at, \
                          updated_at = excluded.updated_at, reexecutable = excluded.reexecutable, \
-                         operation = excluded.operation, scope_digest = excluded.scope_digest, \
+                         operation = excluded.operation, scope_digest = NULL, \
                          operation_id = excluded.operation_id, attempts = 0, recheck_at = NULL \
                      WHERE r.forget_at <= {now} \
                         OR ({reexecute} AND r.state = '{PROCESSING}' AND r.lease_until <= {now} \
@@ -105,11 +106,10 @@ impl<D: Dialect> Statements<D> {
                     lease = D::later(4),
                     reexecute = p(5),
                     operation = p(6),
-                    scope = p(7),
-                    operation_id = p(8),
-                    until = D::later(9),
-                    forget = D::later(10),
-                    token = next_token(11),
+                    operation_id = p(7),
+                    until = D::later(8),
+                    forget = D::later(9),
+                    token = next_token(10),
                 ))
             },
             read: sql(format!("SELECT {columns} FROM {t} WHERE record_id = {id}", columns = columns(&now), id = p(1))),
@@ -224,9 +224,7 @@ impl<D: Dialect> Statements<D> {
             lease.map_or(Arg::Int(None), |lease| D::later_arg(now, lease)),
             Arg::Flag(request.stale_lease == StaleLeasePolicy::Reexecute),
             Arg::OptText(kept_operation(request.operation).map(str::to_owned)),
-            // The scope is kept inside the operation's key (no scope: no key, as no lookup can
-            // name it), not in a column of its own.
-            Arg::OptBytes(None),
+            // No scope: no key, as no lookup can name the record.
             Arg::OptBytes(request.scope.map(|scope| request.id.operation_key(&scope.digest()).to_vec())),
             D::later_arg(now, request.retention.unsettled),
             D::later_arg(now, request.retention.unsettled.saturating_add(request.retention.tombstone)),

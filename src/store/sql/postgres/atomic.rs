@@ -212,7 +212,7 @@ impl AtomicClaim {
         );
         if let Err(error) = Pg::execute(&mut tx, insert).await {
             let lost = self.store.is_identity_conflict(&error);
-            self.store.atomic.refused_compact(&error);
+            self.store.atomic.note_insert_error(&error);
             tx.discard().await;
             return Err(if lost {
                 // Another request's record won: this execution's writes rolled back.
@@ -416,10 +416,10 @@ impl AtomicStatements {
         Bound::new(insert, args, None)
     }
 
-    /// Whether `error` says the table refused a compact record: a column still NOT NULL, from
-    /// a table that migration 9 has not reached. The store writes uncompacted records from then
+    /// Notes an INSERT's `error`: a table that refused a compact record (a column still NOT
+    /// NULL, from a table that migration 9 has not reached) gets uncompacted records from then
     /// on (this request's own INSERT is lost with its transaction, as any failed INSERT is).
-    fn refused_compact(&self, error: &sqlx::Error) -> bool {
+    fn note_insert_error(&self, error: &sqlx::Error) {
         let refused = error.as_database_error().is_some_and(|e| e.code().as_deref() == Some(NOT_NULL_VIOLATION));
         if refused && self.compact.swap(false, Ordering::Relaxed) {
             tracing::warn!(
@@ -427,7 +427,6 @@ impl AtomicStatements {
                  writing records in the uncompacted form"
             );
         }
-        refused
     }
 }
 
