@@ -2,7 +2,7 @@
 //! `response_headers` and the Redis fast path seals with the body.
 //!
 //! **Format 2** (written since issue 16): a `0x02` byte, then each field as a tag byte and what
-//! the tag asks for. The tag's high bit says the section (set: a trailer). Its low seven bits
+//! the tag asks for (no fields at all: no bytes, as in format 1). The tag's high bit says the section (set: a trailer). Its low seven bits
 //! name the field:
 //!
 //! - `0`: a literal name and a literal value;
@@ -66,8 +66,12 @@ const FIELDS: [(&str, &str); 7] = [
     ("grpc-status", "0"),
 ];
 
-/// `headers` then `trailers` in format 2.
+/// `headers` then `trailers` in format 2; no fields at all are no bytes, which both formats
+/// read as the empty list (so an encoding is never longer than any list it was decoded from).
 pub(super) fn encode(headers: &Fields, trailers: &Fields) -> Vec<u8> {
+    if headers.is_empty() && trailers.is_empty() {
+        return Vec::new();
+    }
     let fields = headers.iter().map(|f| (0, f)).chain(trailers.iter().map(|f| (TRAILER_BIT, f)));
     let mut out = vec![FORMAT_2];
     for (section, (name, value)) in fields {
@@ -223,6 +227,7 @@ mod tests {
         assert_eq!(decode(&format_1(&headers, &trailers)), Some((headers, trailers)));
         assert_eq!(decode(&[]), Some((vec![], vec![])), "format 1's empty list");
         assert_eq!(decode(&[FORMAT_2]), Some((vec![], vec![])));
+        assert_eq!(encode(&vec![], &vec![]), Vec::<u8>::new(), "no fields are no bytes, in either format");
     }
 
     #[test]
