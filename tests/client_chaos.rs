@@ -33,6 +33,11 @@ use tower_layer::Layer;
 
 const CLIENTS: usize = 8;
 const ORDERS_PER_CLIENT: usize = 30;
+/// A storm kills the server at least this often, however fast the orders go through: on a quick
+/// machine 240 orders can be done between two kills, and a storm of one kill proves nothing.
+const MIN_KILLS: usize = 15;
+/// A storm ends after this long even if its condition has not come true.
+const STORM_LIMIT: Duration = Duration::from_secs(120);
 const ACCOUNT: &str = "client-chaos";
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -60,12 +65,18 @@ struct Final {
 }
 
 /// Runs the orders service on a fresh database, SIGKILLs and restarts it at random moments
-/// while `CLIENTS` clients send `ORDERS_PER_CLIENT` logical requests each through `create`, and
-/// returns the final answers, the kills and the database's URL.
-async fn storm<F, Fut>(prefix: &'static str, create: F) -> (Vec<Final>, usize, String)
+/// while `CLIENTS` clients send logical requests through `create`, and returns the final
+/// answers, the kills and the database's URL.
+///
+/// Each client sends at least `ORDERS_PER_CLIENT` logical requests, and goes on until the
+/// server has been killed `MIN_KILLS` times and `enough` (asked with the database's URL after
+/// each restart) holds, or until `STORM_LIMIT` has passed.
+async fn storm<F, Fut, E, EFut>(prefix: &'static str, create: F, enough: E) -> (Vec<Final>, usize, String)
 where
     F: Fn(SocketAddr, String) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Final> + Send,
+    E: Fn(String) -> EFut,
+    EFut: Future<Output = bool>,
 {
     let database_url = fresh_database(prefix).await;
     let port = free_port();
@@ -73,14 +84,18 @@ where
     let url = database_url.clone();
     let mut server = Some(tokio::task::spawn_blocking(move || Server::start(&url, port)).await.unwrap());
     let done = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
 
     let mut clients = Vec::new();
     for client in 0..CLIENTS {
         let create = create.clone();
+        let stop = stop.clone();
         clients.push(tokio::spawn(async move {
             let mut finals = Vec::new();
-            for n in 0..ORDERS_PER_CLIENT {
+            let mut n = 0;
+            while n < ORDERS_PER_CLIENT || !stop.load(Ordering::Relaxed) {
                 finals.push(create(addr, format!("{prefix}-{client}-{n}")).await);
+                n += 1;
             }
             finals
         }));
@@ -99,6 +114,7 @@ where
 
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(std::process::id());
     let mut kills = 0;
+    let started = std::time::Instant::now();
     while !done.load(Ordering::Relaxed) {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -113,6 +129,11 @@ where
         kills += 1;
         let url = database_url.clone();
         server = Some(tokio::task::spawn_blocking(move || Server::start(&url, port)).await.unwrap());
+        if !stop.load(Ordering::Relaxed)
+            && ((kills >= MIN_KILLS && enough(database_url.clone()).await) || started.elapsed() > STORM_LIMIT)
+        {
+            stop.store(true, Ordering::Relaxed);
+        }
     }
     let finals = all_done.await.expect("clients");
     drop(server);
@@ -128,6 +149,20 @@ async fn orders(database_url: &str) -> Vec<(String, String, String)> {
         .expect("read the orders");
     pool.close().await;
     rows
+}
+
+/// How many orders each sku has in the example's database.
+async fn orders_per_sku(database_url: &str) -> HashMap<String, usize> {
+    let mut per_sku: HashMap<String, usize> = HashMap::new();
+    for (_, _, sku) in orders(database_url).await {
+        *per_sku.entry(sku).or_default() += 1;
+    }
+    per_sku
+}
+
+/// Orders beyond the first for a sku: the duplicates a retry created.
+async fn duplicates(database_url: &str) -> usize {
+    orders_per_sku(database_url).await.values().map(|n| n - 1).sum()
 }
 
 fn operation_id(key: &str) -> String {
@@ -152,22 +187,26 @@ fn a_layer_that_keeps_its_key_creates_each_order_once_while_the_server_is_killed
             .deadline(Duration::from_secs(120));
         let layer = IdempotentRetryLayer::new().policy(policy);
         let shared = http_client();
-        let (finals, kills, database_url) = storm("tidem_client_layer", move |addr, sku| {
-            let client = layer.layer(shared.clone());
-            async move {
-                let response = client.oneshot(order_request(addr, &sku)).await.expect("the layer gave up");
-                assert_eq!(response.status(), StatusCode::CREATED, "{sku}: a definitive answer");
-                let report = response.extensions().get::<RetryReport>().cloned().expect("a report");
-                let key = report.key().expect("a key").to_owned();
-                Final {
-                    sku,
-                    order_id: order_id_of(response).await,
-                    key,
-                    attempts: report.attempts(),
-                    replayed: report.replayed(),
+        let (finals, kills, database_url) = storm(
+            "tidem_client_layer",
+            move |addr, sku| {
+                let client = layer.layer(shared.clone());
+                async move {
+                    let response = client.oneshot(order_request(addr, &sku)).await.expect("the layer gave up");
+                    assert_eq!(response.status(), StatusCode::CREATED, "{sku}: a definitive answer");
+                    let report = response.extensions().get::<RetryReport>().cloned().expect("a report");
+                    let key = report.key().expect("a key").to_owned();
+                    Final {
+                        sku,
+                        order_id: order_id_of(response).await,
+                        key,
+                        attempts: report.attempts(),
+                        replayed: report.replayed(),
+                    }
                 }
-            }
-        })
+            },
+            |_| async { true },
+        )
         .await;
 
         let rows = orders(&database_url).await;
@@ -186,30 +225,38 @@ fn a_layer_that_keeps_its_key_creates_each_order_once_while_the_server_is_killed
 
         // The control: the same storm through a plain `tower::retry` with a new key per attempt.
         let shared = http_client();
-        let (control, control_kills, control_url) = storm("tidem_client_plain", move |addr, sku| {
-            let client = tower::retry::Retry::new(NewKeyEachAttempt, shared.clone());
-            async move {
-                let mut request = order_request(addr, &sku);
-                request.headers_mut().insert("idempotency-key", uuid::Uuid::new_v4().to_string().parse().unwrap());
-                let response = client.oneshot(request).await.expect("the plain retry never gives up");
-                assert_eq!(response.status(), StatusCode::CREATED, "{sku}: a definitive answer");
-                Final { sku, order_id: order_id_of(response).await, key: String::new(), attempts: 0, replayed: false }
-            }
-        })
+        let (control, control_kills, control_url) = storm(
+            "tidem_client_plain",
+            move |addr, sku| {
+                let client = tower::retry::Retry::new(NewKeyEachAttempt, shared.clone());
+                async move {
+                    let mut request = order_request(addr, &sku);
+                    request.headers_mut().insert("idempotency-key", uuid::Uuid::new_v4().to_string().parse().unwrap());
+                    let response = client.oneshot(request).await.expect("the plain retry never gives up");
+                    assert_eq!(response.status(), StatusCode::CREATED, "{sku}: a definitive answer");
+                    Final {
+                        sku,
+                        order_id: order_id_of(response).await,
+                        key: String::new(),
+                        attempts: 0,
+                        replayed: false,
+                    }
+                }
+            },
+            |url| async move { duplicates(&url).await > 0 },
+        )
         .await;
-        let mut per_sku: HashMap<String, usize> = HashMap::new();
-        for (_, _, sku) in orders(&control_url).await {
-            *per_sku.entry(sku).or_default() += 1;
-        }
+        let per_sku = orders_per_sku(&control_url).await;
         assert!(control.iter().all(|f| per_sku.get(&f.sku).copied().unwrap_or(0) >= 1));
-        let duplicates: usize = per_sku.values().map(|n| n - 1).sum();
-        // Dozens of kills land between a COMMIT and its answer (the layer's run answers as many
-        // by a replay): a test that cannot see the duplicates they cause would prove nothing.
-        assert!(duplicates > 0, "the control created no duplicate: the storm is too weak to show anything");
+        let duplicated: usize = per_sku.values().map(|n| n - 1).sum();
+        // Kills land between a COMMIT and its answer (the layer's run answers as many by a
+        // replay): a test that cannot see the duplicates they cause would prove nothing. The
+        // control's storm goes on until it has made one, for up to `STORM_LIMIT`.
+        assert!(duplicated > 0, "the control created no duplicate: the storm is too weak to show anything");
         println!(
             "client chaos: with the layer, {} logical requests, {attempts} attempts, {replays} answered by a replay, \
              {kills} kills, 0 duplicates; with a new key per attempt, {} logical requests, {control_kills} kills, \
-             {duplicates} duplicates",
+             {duplicated} duplicates",
             finals.len(),
             control.len(),
         );
