@@ -29,7 +29,9 @@
 //!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
 //!    size: records purged per second, and the serving throughput with the purge over the one
 //!    without (the window before it); first with the purge paced at the aim's rate (a batch of
-//!    5,000 every 100 ms), then flat out, then paced again (by then making tombstones).
+//!    5,000 every 100 ms), then flat out, then paced again (by then making tombstones);
+//! 5. **making tombstones against its floor** (`support/purge_cost.rs`): the purge alone, the
+//!    bare UPDATE alone, CPU a record of each, then that floor paced at the aim's rate while serving.
 //!
 //! Run with `cargo bench --bench pg_scale --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server). `PG_SCALE_ROWS` chooses fewer records for a quick run.
@@ -41,6 +43,8 @@
 mod bench_db;
 #[path = "support/pg_cpu.rs"]
 mod pg_cpu;
+#[path = "support/purge_cost.rs"]
+mod purge_cost;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,8 +72,6 @@ const BATCHES: [usize; 3] = [1_000, 5_000, 20_000];
 /// The paced purge: a batch of this size every `PACE`, the aim's 50,000 records a second.
 const PACED_BATCH: usize = 5_000;
 const PACE: Duration = Duration::from_millis(100);
-/// How long the purge runs alone, before the purge while serving.
-const PURGE_ALONE: Duration = Duration::from_secs(2);
 
 /// The body every stored answer carries: 300 bytes.
 fn answer_body() -> String {
@@ -310,10 +312,6 @@ fn ratio_line(label: &str, mut ratios: Vec<f64>) {
     );
 }
 
-async fn count(pool: &PgPool) -> (i64, i64) {
-    sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE state = 'expired') FROM big").fetch_one(pool).await.unwrap()
-}
-
 fn main() {
     let rows: u64 = std::env::var("PG_SCALE_ROWS").ok().and_then(|r| r.parse().ok()).unwrap_or(DEFAULT_ROWS);
     let partitions: Option<u16> =
@@ -406,7 +404,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     ratio_line("  replay p50", replay50);
     ratio_line("  replay p99", replay99);
 
-    purge_alone(&big, &cpu).await;
+    purge_cost::purge_alone(&big, &pool, &cpu).await;
 
     println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
     let serving = &targets[1];
@@ -416,7 +414,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     let flat_out = BATCHES.into_iter().map(|batch| (batch, None));
     for (batch, pace) in std::iter::once(paced).chain(flat_out).chain(std::iter::once(paced)) {
         let without = serving.run(Work::Claim, PURGE_WINDOW).await;
-        let (before, expired_before) = count(&pool).await;
+        let (before, expired_before) = purge_cost::count(&pool).await;
         let claimed_before = serving.next.load(Ordering::Relaxed);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let purger = {
@@ -440,48 +438,62 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
         let with = serving.run(Work::Claim, PURGE_WINDOW).await;
         stop.store(true, Ordering::Relaxed);
         let (purged, elapsed) = purger.await.expect("purger");
-        let (after, expired_after) = count(&pool).await;
+        let (after, expired_after) = purge_cost::count(&pool).await;
         let inserted = (serving.next.load(Ordering::Relaxed) - claimed_before) as i64;
         let deleted = before + inserted - after;
         let tombstoned = expired_after - (expired_before - deleted);
         println!(
-            "  batch {batch:>6}{}: {:>7.0} records/s purged ({deleted} deleted, {tombstoned} made tombstones in {elapsed:.1?}); \
-             serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}",
+            "  batch {batch:>6}{}: {:>7.0} records/s purged ({deleted} deleted, {tombstoned} made tombstones in {elapsed:.1?}); {}",
             pace.map_or_else(|| ", flat out".to_owned(), |pace| format!(" every {pace:?}")),
             purged as f64 / elapsed.as_secs_f64(),
-            with.throughput(),
-            without.throughput(),
-            with.throughput() / without.throughput(),
-            with.quantile(0.99),
-            without.quantile(0.99),
+            serving_line(&with, &without)
         );
     }
+    tombstones_against_floor(serving, &pool, &cpu, partitions.is_some()).await;
 }
 
-/// The purge with nothing else running, for `PURGE_ALONE`: records purged a second, and the
-/// CPU PostgreSQL spends per purged record (the backends of the benchmark's database). That CPU,
-/// times the aim's 50,000 records a second, is the share of the database's cores a purge at that
-/// rate takes from serving, whatever the batch.
-async fn purge_alone(big: &PostgresStore, cpu: &pg_cpu::PgCpu) {
-    let before = cpu.sample().await;
-    let (mut purged, started) = (0usize, Instant::now());
-    while started.elapsed() < PURGE_ALONE {
-        match big.purge(5_000).await.expect("purge") {
-            0 => break,
-            n => purged += n,
-        }
-    }
-    let elapsed = started.elapsed();
-    let spent = before.until(&cpu.sample().await);
-    let Some(database_ns) = spent.database_ns.filter(|_| purged > 0) else {
-        println!("\npurge alone: {purged} records purged; no CPU reading");
+/// Making tombstones, the purge's dearer half: the store's purge against its floor (the bare UPDATE).
+async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &pg_cpu::PgCpu, partitioned: bool) {
+    println!("\nmaking tombstones, nothing else running (batch {}):", purge_cost::BATCH);
+    let store_us = purge_cost::tombstones_alone(&serving.store, pool, cpu).await;
+    if partitioned {
+        println!("  no floor with partitions: a `ctid` names a row only within its partition");
         return;
-    };
-    let per_record_us = database_ns as f64 / purged as f64 / 1000.0;
+    }
+    let floor_us = purge_cost::floor_alone(pool, cpu).await;
+    if let Some((store_us, floor_us)) = store_us.zip(floor_us) {
+        println!("  store / floor, PostgreSQL CPU a tombstone: {:.2}x", store_us / floor_us);
+    }
+    // Enough rows for the whole window at the pace, or the window would end without the floor.
+    let needed = (PURGE_WINDOW.as_millis() / PACE.as_millis() + 1) as usize * purge_cost::BATCH;
+    let rows = purge_cost::stale_rows(pool, needed).await;
+    if rows.len() < needed {
+        println!(
+            "  floor paced while serving: not run, {} records left to make tombstones ({needed} needed)",
+            rows.len()
+        );
+        return;
+    }
+    let without = serving.run(Work::Claim, PURGE_WINDOW).await;
+    let floor = purge_cost::FloorTask::start(pool.clone(), rows, PACE);
+    let with = serving.run(Work::Claim, PURGE_WINDOW).await;
+    let (expired, elapsed) = floor.stop().await;
     println!(
-        "\npurge alone (batch 5,000, nothing else running): {:.0} records/s purged ({purged} in {elapsed:.1?}); \
-         PostgreSQL CPU {per_record_us:.1} µs per purged record, so 50,000 a second takes {:.2} cores of the database",
-        purged as f64 / elapsed.as_secs_f64(),
-        per_record_us * 50_000.0 / 1e6,
+        "  floor paced ({} every {PACE:?}) while serving: {:.0} tombstones/s ({expired} in {elapsed:.1?}); {}",
+        purge_cost::BATCH,
+        expired as f64 / elapsed.as_secs_f64(),
+        serving_line(&with, &without)
     );
+}
+
+/// Serving throughput with a purge over without one, and the claims' p99 in each.
+fn serving_line(with: &Window, without: &Window) -> String {
+    format!(
+        "serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}",
+        with.throughput(),
+        without.throughput(),
+        with.throughput() / without.throughput(),
+        with.quantile(0.99),
+        without.quantile(0.99),
+    )
 }

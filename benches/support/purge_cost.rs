@@ -1,0 +1,187 @@
+//! What a purged record costs PostgreSQL, for `pg_scale` (issue 16's purge aim: 50,000 records
+//! a second while serving, serving dropping at most 10 %).
+//!
+//! Three measures, each with nothing else running, each as records a second, PostgreSQL's CPU per
+//! record (the backends of the benchmark's database, `pg_cpu.rs`) and the bytes of write-ahead
+//! log per record (the whole server's):
+//!
+//! - [`purge_alone`]: `Store::purge` while the fill's deletable tombstones are there (deletes);
+//! - [`tombstones_alone`]: `Store::purge` once they are gone, so every purged record is one made
+//!   a tombstone (an UPDATE);
+//! - [`floor_alone`]: the **floor** under making tombstones: the store's own UPDATE (the same
+//!   columns set, the same table and indexes) on rows already found, named by their addresses
+//!   (`ctid`), with no search, no ordering and no row lock taken before it. No purge can make a
+//!   tombstone in place for less; the store's CPU over the floor's is what its pick costs.
+//!
+//! [`FloorTask`] runs the floor paced while claims are served, so that the serving drop at the
+//! aim's rate can be read for the floor as for the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tower_idempotency::{PostgresStore, Store};
+
+use crate::pg_cpu::PgCpu;
+
+/// How long each measure runs.
+const ALONE: Duration = Duration::from_secs(2);
+/// Records per statement: the purge's batch of the other measures.
+pub const BATCH: usize = 5_000;
+/// At most this many rows for [`floor_alone`] (it stops at [`ALONE`] if sooner).
+const FLOOR_ALONE_ROWS: usize = 150_000;
+
+/// The rows the floor turns into tombstones: records past their response retention that are not
+/// tombstones yet, oldest first (the order the purge picks them), by address.
+pub async fn stale_rows(pool: &PgPool, limit: usize) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT ctid::text FROM big WHERE state <> 'expired' AND response_until <= now() \
+         ORDER BY response_until LIMIT $1",
+    )
+    .bind(limit as i64)
+    .fetch_all(pool)
+    .await
+    .expect("stale rows")
+}
+
+/// The floor's statement on one batch: the store's UPDATE, on the rows at `ctids`.
+async fn expire(pool: &PgPool, ctids: &[String]) -> u64 {
+    sqlx::query(
+        "UPDATE big SET state = 'expired', response_status = NULL, response_headers = NULL, \
+             response_body = NULL, updated_at = now() \
+         WHERE ctid = ANY($1::tid[])",
+    )
+    .bind(ctids)
+    .execute(pool)
+    .await
+    .expect("floor update")
+    .rows_affected()
+}
+
+/// The server's write-ahead log position, in bytes: what a measure wrote to the log is the
+/// difference (the server's whole log, so only with nothing else running).
+async fn wal_position(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+        .fetch_one(pool)
+        .await
+        .expect("the log's position")
+}
+
+/// What one measure did and spent.
+struct Spent {
+    records: u64,
+    elapsed: Duration,
+    database_ns: Option<u64>,
+    wal_bytes: i64,
+}
+
+/// Records a second, µs of PostgreSQL CPU and bytes of log a record, printed as one line under
+/// `label`; returns the CPU.
+fn report(label: &str, spent: Spent) -> Option<f64> {
+    let Spent { records, elapsed, database_ns, wal_bytes } = spent;
+    let rate = records as f64 / elapsed.as_secs_f64();
+    let Some(ns) = database_ns.filter(|_| records > 0) else {
+        println!("  {label}: {records} records in {elapsed:.1?} ({rate:.0}/s); no CPU reading");
+        return None;
+    };
+    let per_record_us = ns as f64 / records as f64 / 1000.0;
+    println!(
+        "  {label}: {rate:>7.0} records/s ({records} in {elapsed:.1?}); PostgreSQL CPU {per_record_us:.1} µs and \
+         {} bytes of log a record; 50,000 a second takes {:.2} cores of the database",
+        wal_bytes / records as i64,
+        per_record_us * 50_000.0 / 1e6,
+    );
+    Some(per_record_us)
+}
+
+/// `Store::purge` in batches of [`BATCH`] for up to [`ALONE`].
+async fn purge_for(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -> Spent {
+    let (before, wal_before) = (cpu.sample().await, wal_position(pool).await);
+    let (mut records, started) = (0u64, Instant::now());
+    while started.elapsed() < ALONE {
+        match big.purge(BATCH).await.expect("purge") {
+            0 => break,
+            n => records += n as u64,
+        }
+    }
+    let elapsed = started.elapsed();
+    let database_ns = before.until(&cpu.sample().await).database_ns;
+    Spent { records, elapsed, database_ns, wal_bytes: wal_position(pool).await - wal_before }
+}
+
+/// The purge with nothing else running, while the fill's deletable records are there.
+pub async fn purge_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) {
+    println!("\nthe purge alone (batch {BATCH}, nothing else running):");
+    report("store, deleting", purge_for(big, pool, cpu).await);
+}
+
+/// The purge with nothing else running once nothing is left to delete: every record it purges
+/// is made a tombstone (the line says so if some were deleted after all: then the figure mixes).
+/// Returns the CPU a record, in µs.
+pub async fn tombstones_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -> Option<f64> {
+    let (rows_before, _) = count(pool).await;
+    let spent = purge_for(big, pool, cpu).await;
+    let (rows_after, _) = count(pool).await;
+    let label = match rows_before - rows_after {
+        0 => "store, making tombstones".to_owned(),
+        deleted => format!("store, making tombstones ({deleted} of them deleted)"),
+    };
+    report(&label, spent)
+}
+
+/// The floor with nothing else running: its UPDATE on batches of [`BATCH`] stale rows found
+/// beforehand (the finding is not timed), for up to [`ALONE`]. Returns the CPU a record, in µs.
+pub async fn floor_alone(pool: &PgPool, cpu: &PgCpu) -> Option<f64> {
+    let rows = stale_rows(pool, FLOOR_ALONE_ROWS).await;
+    let (before, wal_before) = (cpu.sample().await, wal_position(pool).await);
+    let (mut records, started) = (0u64, Instant::now());
+    for batch in rows.chunks(BATCH) {
+        if started.elapsed() >= ALONE {
+            break;
+        }
+        records += expire(pool, batch).await;
+    }
+    let elapsed = started.elapsed();
+    let database_ns = before.until(&cpu.sample().await).database_ns;
+    let spent = Spent { records, elapsed, database_ns, wal_bytes: wal_position(pool).await - wal_before };
+    report("floor (the UPDATE alone, rows found beforehand)", spent)
+}
+
+/// The floor running as a task: a batch every `pace`, until stopped or out of rows.
+pub struct FloorTask {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(u64, Duration)>,
+}
+
+impl FloorTask {
+    /// Starts the floor on `rows` (from [`stale_rows`]), [`BATCH`] every `pace`.
+    pub fn start(pool: PgPool, rows: Vec<String>, pace: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let (mut expired, started) = (0u64, Instant::now());
+            let mut ticks = tokio::time::interval(pace);
+            for batch in rows.chunks(BATCH) {
+                ticks.tick().await;
+                if stopped.load(Ordering::Relaxed) {
+                    break;
+                }
+                expired += expire(&pool, batch).await;
+            }
+            (expired, started.elapsed())
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the task; returns the records it made tombstones and for how long it ran.
+    pub async fn stop(self) -> (u64, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("floor task")
+    }
+}
+
+/// Records in `big`, and tombstones among them.
+pub async fn count(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE state = 'expired') FROM big").fetch_one(pool).await.unwrap()
+}
