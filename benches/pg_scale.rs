@@ -452,7 +452,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     tombstones_against_floor(serving, &pool, &cpu, partitions.is_some()).await;
 }
 
-/// Making tombstones, the purge's dearer half: the store's purge against its floor (the bare UPDATE).
+/// Making tombstones (the purge's dearer half): the store's purge against its floor.
 async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &pg_cpu::PgCpu, partitioned: bool) {
     println!("\nmaking tombstones, nothing else running (batch {}):", purge_cost::BATCH);
     let store_us = purge_cost::tombstones_alone(&serving.store, pool, cpu).await;

@@ -11,7 +11,12 @@
 //! - [`floor_alone`]: the **floor** under making tombstones: the store's own UPDATE (the same
 //!   columns set, the same table and indexes) on rows already found, named by their addresses
 //!   (`ctid`), with no search, no ordering and no row lock taken before it. No purge can make a
-//!   tombstone in place for less; the store's CPU over the floor's is what its pick costs.
+//!   tombstone in place for less; the store's CPU over the floor's is what its pick costs. Run
+//!   a second time with the log's full-page images compressed, and one batch explained by
+//!   PostgreSQL (its buffers and log), to show where the floor's cost lies.
+//!
+//! Each measure starts on a fresh checkpoint: in a table far larger than one checkpoint cycle
+//! touches, as at 3 billion records, nearly every page a record changes is a first touch.
 //!
 //! [`FloorTask`] runs the floor paced while claims are served, so that the serving drop at the
 //! aim's rate can be read for the floor as for the store.
@@ -45,18 +50,30 @@ pub async fn stale_rows(pool: &PgPool, limit: usize) -> Vec<String> {
     .expect("stale rows")
 }
 
-/// The floor's statement on one batch: the store's UPDATE, on the rows at `ctids`.
-async fn expire(pool: &PgPool, ctids: &[String]) -> u64 {
-    sqlx::query(
+/// The floor's statement on one batch: the store's UPDATE, on the rows at `ctids`; with
+/// `compressed`, in a transaction whose log compresses full-page images (`wal_compression =
+/// lz4`, which a deployment can set for the whole server).
+async fn expire(pool: &PgPool, ctids: &[String], compressed: bool) -> u64 {
+    let update = sqlx::query(
         "UPDATE big SET state = 'expired', response_status = NULL, response_headers = NULL, \
              response_body = NULL, updated_at = now() \
          WHERE ctid = ANY($1::tid[])",
     )
-    .bind(ctids)
-    .execute(pool)
-    .await
-    .expect("floor update")
-    .rows_affected()
+    .bind(ctids);
+    let mut tx = pool.begin().await.expect("begin");
+    if compressed {
+        sqlx::raw_sql("SET LOCAL wal_compression = lz4").execute(&mut *tx).await.expect("wal_compression");
+    }
+    let expired = update.execute(&mut *tx).await.expect("floor update").rows_affected();
+    tx.commit().await.expect("commit");
+    expired
+}
+
+/// Ends the log's current checkpoint cycle, so that a measure starts where every page it
+/// changes costs its first full-page image, as most pages do in a table much larger than what
+/// one cycle touches.
+async fn checkpoint(pool: &PgPool) {
+    sqlx::raw_sql("CHECKPOINT").execute(pool).await.expect("checkpoint");
 }
 
 /// The server's write-ahead log position, in bytes: what a measure wrote to the log is the
@@ -97,6 +114,7 @@ fn report(label: &str, spent: Spent) -> Option<f64> {
 
 /// `Store::purge` in batches of [`BATCH`] for up to [`ALONE`].
 async fn purge_for(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -> Spent {
+    checkpoint(pool).await;
     let (before, wal_before) = (cpu.sample().await, wal_position(pool).await);
     let (mut records, started) = (0u64, Instant::now());
     while started.elapsed() < ALONE {
@@ -131,21 +149,54 @@ pub async fn tombstones_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -
 }
 
 /// The floor with nothing else running: its UPDATE on batches of [`BATCH`] stale rows found
-/// beforehand (the finding is not timed), for up to [`ALONE`]. Returns the CPU a record, in µs.
+/// beforehand (the finding is not timed), for up to [`ALONE`], then one more batch explained.
+/// Returns the CPU a record, in µs.
 pub async fn floor_alone(pool: &PgPool, cpu: &PgCpu) -> Option<f64> {
-    let rows = stale_rows(pool, FLOOR_ALONE_ROWS).await;
-    let (before, wal_before) = (cpu.sample().await, wal_position(pool).await);
-    let (mut records, started) = (0u64, Instant::now());
-    for batch in rows.chunks(BATCH) {
-        if started.elapsed() >= ALONE {
-            break;
+    let mut plain_us = None;
+    for compressed in [false, true] {
+        let rows = stale_rows(pool, FLOOR_ALONE_ROWS).await;
+        checkpoint(pool).await;
+        let (before, wal_before) = (cpu.sample().await, wal_position(pool).await);
+        let (mut records, started) = (0u64, Instant::now());
+        for batch in rows.chunks(BATCH) {
+            if started.elapsed() >= ALONE {
+                break;
+            }
+            records += expire(pool, batch, compressed).await;
         }
-        records += expire(pool, batch).await;
+        let elapsed = started.elapsed();
+        let database_ns = before.until(&cpu.sample().await).database_ns;
+        let spent = Spent { records, elapsed, database_ns, wal_bytes: wal_position(pool).await - wal_before };
+        if compressed {
+            report("floor, full-page images compressed (lz4)", spent);
+        } else {
+            plain_us = report("floor (the UPDATE alone, rows found beforehand)", spent);
+        }
     }
-    let elapsed = started.elapsed();
-    let database_ns = before.until(&cpu.sample().await).database_ns;
-    let spent = Spent { records, elapsed, database_ns, wal_bytes: wal_position(pool).await - wal_before };
-    report("floor (the UPDATE alone, rows found beforehand)", spent)
+    explain_floor_batch(pool).await;
+    plain_us
+}
+
+/// Where one more floor batch's work goes: PostgreSQL's own account of it (`EXPLAIN (ANALYZE,
+/// BUFFERS, WAL)`), the UPDATE node's lines: pages found in and read into shared buffers, pages
+/// dirtied and written out, log records, full-page images and bytes.
+async fn explain_floor_batch(pool: &PgPool) {
+    let rows = stale_rows(pool, BATCH).await;
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, BUFFERS, WAL, COSTS OFF) \
+         UPDATE big SET state = 'expired', response_status = NULL, response_headers = NULL, \
+             response_body = NULL, updated_at = now() \
+         WHERE ctid = ANY($1::tid[])",
+    )
+    .bind(&rows)
+    .fetch_all(pool)
+    .await
+    .expect("explain the floor");
+    println!("  one floor batch of {} records, as PostgreSQL accounts for it:", rows.len());
+    // The first node's lines: the UPDATE itself, its buffers and its log.
+    for line in plan.iter().take_while(|line| !line.trim_start().starts_with("->")) {
+        println!("    {}", line.trim());
+    }
 }
 
 /// The floor running as a task: a batch every `pace`, until stopped or out of rows.
@@ -167,7 +218,7 @@ impl FloorTask {
                 if stopped.load(Ordering::Relaxed) {
                     break;
                 }
-                expired += expire(&pool, batch).await;
+                expired += expire(&pool, batch, false).await;
             }
             (expired, started.elapsed())
         });
