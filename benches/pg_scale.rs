@@ -28,8 +28,9 @@
 //! 4. **purge throughput while serving**: the same claims as traffic, windows without a purge
 //!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
 //!    size: records purged per second, and the serving throughput with the purge over the one
-//!    without (the window before it); first with the purge paced at the aim's rate (a batch of
-//!    5,000 every 100 ms), then flat out, then paced again (by then making tombstones);
+//!    without (the window before it), and the whole server's CPU in each (`support/pg_cpu.rs`);
+//!    first with the purge paced at the aim's rate (a batch of 5,000 every 100 ms), then flat
+//!    out, then paced again (by then making tombstones);
 //! 5. **making tombstones against its floor** (`support/purge_cost.rs`): the purge alone, the
 //!    bare UPDATE alone, CPU a record of each, then that floor paced at the aim's rate while serving.
 //!
@@ -45,6 +46,8 @@ mod bench_db;
 mod pg_cpu;
 #[path = "support/purge_cost.rs"]
 mod purge_cost;
+#[path = "support/table_size.rs"]
+mod table_size;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,6 +102,8 @@ fn answer() -> StoredResponse {
 struct Window {
     latencies: Vec<Duration>,
     elapsed: Duration,
+    /// The whole PostgreSQL server's CPU over the window, in cores (purge windows only).
+    server_cores: Option<f64>,
 }
 
 impl Window {
@@ -178,7 +183,7 @@ impl Target {
             latencies.extend(client.await.expect("client"));
         }
         latencies.sort_unstable();
-        Window { latencies, elapsed: started.elapsed() }
+        Window { latencies, elapsed: started.elapsed(), server_cores: None }
     }
 }
 
@@ -227,15 +232,15 @@ async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
         from = to;
         if from == answered {
             {
-                vacuum(pool).await;
-                let bytes = total_bytes(pool).await;
+                table_size::vacuum(pool).await;
+                let bytes = table_size::total_bytes(pool).await;
                 answered_bytes = bytes;
                 println!(
                     "filled {from} records with answers in {:.0?}: {} bytes per record (heap + indexes + TOAST)",
                     started.elapsed(),
                     bytes / from
                 );
-                print_sizes(pool, from).await;
+                table_size::print_sizes(pool, from).await;
             }
         } else if from % 2_000_000 < CHUNK {
             println!("  {from} records, {:.0?}", started.elapsed());
@@ -266,40 +271,6 @@ async fn row_sizes(pool: &PgPool, store: &PostgresStore) {
             .unwrap();
     println!("  a record with its answer: {stored} bytes as the store writes it, {filled} as the fill did");
     assert_eq!(stored, filled, "the fill must write records as the store does");
-}
-
-async fn vacuum(pool: &PgPool) {
-    sqlx::raw_sql("VACUUM (ANALYZE) big").execute(pool).await.expect("vacuum");
-}
-
-/// `big` and, if it is partitioned, its partitions (a partitioned table holds no data itself).
-const BIG_RELATIONS: &str = "SELECT 'big'::regclass AS rel UNION SELECT relid FROM pg_partition_tree('big')";
-
-async fn total_bytes(pool: &PgPool) -> u64 {
-    let sql = format!("SELECT sum(pg_total_relation_size(rel))::bigint FROM ({BIG_RELATIONS}) r");
-    let bytes: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(pool).await.unwrap();
-    bytes as u64
-}
-
-async fn print_sizes(pool: &PgPool, records: u64) {
-    // An index of a partitioned table is the sum of its partitions' indexes.
-    let sql = format!(
-        "SELECT 'heap', sum(pg_relation_size(rel))::bigint FROM ({BIG_RELATIONS}) r \
-         UNION ALL SELECT 'toast', COALESCE(sum(pg_total_relation_size(reltoastrelid)), 0)::bigint FROM pg_class \
-             WHERE oid IN (SELECT rel FROM ({BIG_RELATIONS}) r) AND reltoastrelid <> 0 \
-         UNION ALL SELECT indexrelid::regclass::text, \
-                (SELECT sum(pg_relation_size(part)) FROM (SELECT indexrelid AS part \
-                     UNION SELECT relid FROM pg_partition_tree(indexrelid)) p)::bigint \
-             FROM pg_index WHERE indrelid = 'big'::regclass"
-    );
-    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(pool).await.unwrap();
-    for (name, bytes) in rows {
-        println!(
-            "  {name:<28} {:>8.1} MiB  {:>6.1} bytes/record",
-            bytes as f64 / 1048576.0,
-            bytes as f64 / records as f64
-        );
-    }
 }
 
 fn ratio_line(label: &str, mut ratios: Vec<f64>) {
@@ -346,10 +317,10 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     println!("filling `big` to {rows} records ...");
     let started = Instant::now();
     let (answered, answered_bytes) = fill(&pool, rows).await;
-    vacuum(&pool).await;
-    let bytes = total_bytes(&pool).await;
+    table_size::vacuum(&pool).await;
+    let bytes = table_size::total_bytes(&pool).await;
     println!("filled {rows} records in {:.0?}; {} bytes per record with tombstones", started.elapsed(), bytes / rows);
-    print_sizes(&pool, rows).await;
+    table_size::print_sizes(&pool, rows).await;
     row_sizes(&pool, &big).await;
     if let Some(per_tombstone) = bytes.saturating_sub(answered_bytes).checked_div(rows - answered) {
         println!("  a tombstone adds about {per_tombstone} bytes");
@@ -413,7 +384,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     let paced = (PACED_BATCH, Some(PACE));
     let flat_out = BATCHES.into_iter().map(|batch| (batch, None));
     for (batch, pace) in std::iter::once(paced).chain(flat_out).chain(std::iter::once(paced)) {
-        let without = serving.run(Work::Claim, PURGE_WINDOW).await;
+        let without = serve(serving, &cpu).await;
         let (before, expired_before) = purge_cost::count(&pool).await;
         let claimed_before = serving.next.load(Ordering::Relaxed);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -435,7 +406,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
                 (purged, started.elapsed())
             })
         };
-        let with = serving.run(Work::Claim, PURGE_WINDOW).await;
+        let with = serve(serving, &cpu).await;
         stop.store(true, Ordering::Relaxed);
         let (purged, elapsed) = purger.await.expect("purger");
         let (after, expired_after) = purge_cost::count(&pool).await;
@@ -474,9 +445,9 @@ async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &pg_cpu:
         );
         return;
     }
-    let without = serving.run(Work::Claim, PURGE_WINDOW).await;
+    let without = serve(serving, cpu).await;
     let floor = purge_cost::FloorTask::start(pool.clone(), rows, PACE);
-    let with = serving.run(Work::Claim, PURGE_WINDOW).await;
+    let with = serve(serving, cpu).await;
     let (expired, elapsed) = floor.stop().await;
     println!(
         "  floor paced ({} every {PACE:?}) while serving: {:.0} tombstones/s ({expired} in {elapsed:.1?}); {}",
@@ -486,14 +457,27 @@ async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &pg_cpu:
     );
 }
 
-/// Serving throughput with a purge over without one, and the claims' p99 in each.
+/// Claims for one window of the purge measurement, with the server's CPU over it.
+async fn serve(serving: &Target, cpu: &pg_cpu::PgCpu) -> Window {
+    let before = cpu.sample().await;
+    let mut window = serving.run(Work::Claim, PURGE_WINDOW).await;
+    let spent = before.until(&cpu.sample().await);
+    window.server_cores = spent.server_ns.map(|ns| ns as f64 / window.elapsed.as_nanos() as f64);
+    window
+}
+
+/// Serving throughput with a purge over without one, the claims' p99 and the server's CPU in each.
 fn serving_line(with: &Window, without: &Window) -> String {
+    let cores = |window: &Window| window.server_cores.map_or_else(|| "n/a".to_owned(), |cores| format!("{cores:.2}"));
     format!(
-        "serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}",
+        "serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}, \
+         PostgreSQL {} / {} cores",
         with.throughput(),
         without.throughput(),
         with.throughput() / without.throughput(),
         with.quantile(0.99),
         without.quantile(0.99),
+        cores(with),
+        cores(without),
     )
 }
