@@ -20,7 +20,7 @@
 //! 2. **claim and replay latency** through the store (`Store::begin` and, for a new key,
 //!    `Claim::finish` with the 300-byte answer; a replay is `begin` on a completed key), with
 //!    `CLIENTS` concurrent clients, on `big` against `small`, in rounds whose order alternates,
-//!    p50 and p99 per round and their ratios (median and range);
+//!    p50 and p99 per round and their ratios (median and range), then the log a claim writes;
 //! 3. **the purge alone**: batches of 5,000 back to back for a few seconds with nothing else
 //!    running: records a second, and PostgreSQL's CPU per purged record (the backends of the
 //!    benchmark's database, `support/pg_cpu.rs`), which says how much of the database's CPU a
@@ -375,6 +375,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     ratio_line("  replay p50", replay50);
     ratio_line("  replay p99", replay99);
 
+    claim_log(&targets, &pool).await;
     purge_cost::purge_alone(&big, &pool, &cpu).await;
 
     println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
@@ -455,6 +456,19 @@ async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &pg_cpu:
         expired as f64 / elapsed.as_secs_f64(),
         serving_line(&with, &without)
     );
+}
+
+/// The log a claim writes on each table: claims for a window from a fresh checkpoint (as the
+/// purge's measures start), the server's log bytes over the window divided by the claims.
+async fn claim_log(targets: &[Target], pool: &PgPool) {
+    println!("\nlog written a claim, {CLIENTS} clients, {WINDOW:?} from a fresh checkpoint:");
+    for target in targets {
+        purge_cost::checkpoint(pool).await;
+        let before = purge_cost::wal_position(pool).await;
+        let claims = target.run(Work::Claim, WINDOW).await.latencies.len() as i64;
+        let bytes = purge_cost::wal_position(pool).await - before;
+        println!("  {:<5} {:>6} bytes a claim ({claims} claims)", target.name, bytes / claims.max(1));
+    }
 }
 
 /// Claims for one window of the purge measurement, with the server's CPU over it.

@@ -72,13 +72,13 @@ async fn expire(pool: &PgPool, ctids: &[String], compressed: bool) -> u64 {
 /// Ends the log's current checkpoint cycle, so that a measure starts where every page it
 /// changes costs its first full-page image, as most pages do in a table much larger than what
 /// one cycle touches.
-async fn checkpoint(pool: &PgPool) {
+pub async fn checkpoint(pool: &PgPool) {
     sqlx::raw_sql("CHECKPOINT").execute(pool).await.expect("checkpoint");
 }
 
 /// The server's write-ahead log position, in bytes: what a measure wrote to the log is the
 /// difference (the server's whole log, so only with nothing else running).
-async fn wal_position(pool: &PgPool) -> i64 {
+pub async fn wal_position(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
         .fetch_one(pool)
         .await
