@@ -26,8 +26,37 @@ pub fn orders_binary() -> PathBuf {
 }
 
 /// A free loopback port, so every restart of the server listens at the same address.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`): the kernel gives ports of
+/// that range to every client connection and every `:0` bind, so a port taken there can be
+/// handed to one of them between this pick and the server's bind, or while a killed server is
+/// down ("Address already in use"). Below it only explicit binds compete: each candidate must
+/// bind, and this process never hands out one port twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    use std::collections::HashSet;
+    use std::hash::BuildHasher;
+    use std::sync::Mutex;
+
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    const LOWEST: u32 = 20_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(LOWEST);
+    assert!(span >= 1_000, "no room for test ports below the ephemeral range, which starts at {ephemeral}");
+    // A random starting point, so that processes started together seldom try the same ports.
+    let start = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    let mut given = GIVEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    for step in 0..u64::from(span) {
+        let port = (LOWEST + (start.wrapping_add(step) % u64::from(span)) as u32) as u16;
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOWEST} and {ephemeral}");
 }
 
 /// The example server, running.
