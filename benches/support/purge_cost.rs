@@ -50,16 +50,15 @@ pub async fn stale_rows(pool: &PgPool, limit: usize) -> Vec<String> {
     .expect("stale rows")
 }
 
+/// The store's UPDATE that makes tombstones, on the rows at the addresses bound as `$1`.
+const FLOOR_UPDATE: &str = "UPDATE big SET state = 'expired', response_status = NULL, response_headers = NULL, \
+     response_body = NULL, updated_at = now() WHERE ctid = ANY($1::tid[])";
+
 /// The floor's statement on one batch: the store's UPDATE, on the rows at `ctids`; with
 /// `compressed`, in a transaction whose log compresses full-page images (`wal_compression =
 /// lz4`, which a deployment can set for the whole server).
 async fn expire(pool: &PgPool, ctids: &[String], compressed: bool) -> u64 {
-    let update = sqlx::query(
-        "UPDATE big SET state = 'expired', response_status = NULL, response_headers = NULL, \
-             response_body = NULL, updated_at = now() \
-         WHERE ctid = ANY($1::tid[])",
-    )
-    .bind(ctids);
+    let update = sqlx::query(FLOOR_UPDATE).bind(ctids);
     let mut tx = pool.begin().await.expect("begin");
     if compressed {
         sqlx::raw_sql("SET LOCAL wal_compression = lz4").execute(&mut *tx).await.expect("wal_compression");
@@ -182,16 +181,9 @@ pub async fn floor_alone(pool: &PgPool, cpu: &PgCpu) -> Option<f64> {
 /// dirtied and written out, log records, full-page images and bytes.
 async fn explain_floor_batch(pool: &PgPool) {
     let rows = stale_rows(pool, BATCH).await;
-    let plan: Vec<String> = sqlx::query_scalar(
-        "EXPLAIN (ANALYZE, BUFFERS, WAL, COSTS OFF) \
-         UPDATE big SET state = 'expired', response_status = NULL, response_headers = NULL, \
-             response_body = NULL, updated_at = now() \
-         WHERE ctid = ANY($1::tid[])",
-    )
-    .bind(&rows)
-    .fetch_all(pool)
-    .await
-    .expect("explain the floor");
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, WAL, COSTS OFF) {FLOOR_UPDATE}");
+    let plan: Vec<String> =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(explain)).bind(&rows).fetch_all(pool).await.expect("explain the floor");
     println!("  one floor batch of {} records, as PostgreSQL accounts for it:", rows.len());
     // The first node's lines: the UPDATE itself, its buffers and its log.
     for line in plan.iter().take_while(|line| !line.trim_start().starts_with("->")) {
