@@ -9,9 +9,9 @@
 //! store writes with every record (operation, scope digest of one of 1000 tenants, operation
 //! id), in three groups:
 //!
-//! - 75% live records (`completed`, replayable);
+//! - 70% live records (`completed`, replayable);
 //! - 10% records past their response retention (the purge turns them into tombstones);
-//! - 15% tombstones past their time (the purge deletes them).
+//! - 20% tombstones past their time (the purge deletes them: enough for the paced rounds).
 //!
 //! It then measures, printing each figure as it goes:
 //!
@@ -29,8 +29,9 @@
 //!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
 //!    size: records purged per second, and the serving throughput with the purge over the one
 //!    without (the window before it), and the whole server's CPU in each (`support/pg_cpu.rs`);
-//!    first with the purge paced at the aim's rate (a batch of 5,000 every 100 ms), then flat
-//!    out, then paced again (by then making tombstones);
+//!    first with the purge paced at the aim's rate (a batch of 5,000 every 100 ms) in
+//!    `PACED_ROUNDS` rounds whose two windows alternate in order (median and range of the
+//!    ratios), then flat out, then paced again in rounds (by then making tombstones);
 //! 5. **making tombstones against its floor** (`support/purge_cost.rs`): the purge alone, the
 //!    bare UPDATE alone, CPU a record of each, then that floor paced at the aim's rate while serving.
 //!
@@ -46,6 +47,8 @@ mod bench_db;
 mod pg_cpu;
 #[path = "support/purge_cost.rs"]
 mod purge_cost;
+#[path = "support/purge_serving.rs"]
+mod purge_serving;
 #[path = "support/table_size.rs"]
 mod table_size;
 
@@ -69,12 +72,6 @@ const POOL: u32 = 24;
 /// One latency window.
 const WINDOW: Duration = Duration::from_secs(3);
 const ROUNDS: usize = 3;
-/// One serving window of the purge measurement.
-const PURGE_WINDOW: Duration = Duration::from_secs(5);
-const BATCHES: [usize; 3] = [1_000, 5_000, 20_000];
-/// The paced purge: a batch of this size every `PACE`, the aim's 50,000 records a second.
-const PACED_BATCH: usize = 5_000;
-const PACE: Duration = Duration::from_millis(100);
 
 /// The body every stored answer carries: 300 bytes.
 fn answer_body() -> String {
@@ -194,7 +191,7 @@ fn hex(bytes: &[u8]) -> String {
 /// Fills `big`'s table by SQL to `rows` records in the three groups; returns how many carry an
 /// answer (the first two groups, written first) and the table's bytes when they were in.
 async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
-    let live = rows * 75 / 100;
+    let live = rows * 70 / 100;
     let stale = rows * 10 / 100;
     let answered = live + stale;
     let headers = hex(&answer().encode_fields());
@@ -378,84 +375,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     claim_log(&targets, &pool).await;
     purge_cost::purge_alone(&big, &pool, &cpu).await;
 
-    println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
-    let serving = &targets[1];
-    // Paced first (the fill's deletable records are there) and last (by then the flat-out
-    // windows have deleted them, so it makes tombstones, the dearer half of the work).
-    let paced = (PACED_BATCH, Some(PACE));
-    let flat_out = BATCHES.into_iter().map(|batch| (batch, None));
-    for (batch, pace) in std::iter::once(paced).chain(flat_out).chain(std::iter::once(paced)) {
-        let without = serve(serving, &cpu).await;
-        let (before, expired_before) = purge_cost::count(&pool).await;
-        let claimed_before = serving.next.load(Ordering::Relaxed);
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let purger = {
-            let (big, stop) = (big.clone(), stop.clone());
-            tokio::spawn(async move {
-                let (mut purged, started) = (0usize, Instant::now());
-                let mut ticks = pace.map(tokio::time::interval);
-                while !stop.load(Ordering::Relaxed) {
-                    if let Some(ticks) = &mut ticks {
-                        ticks.tick().await;
-                    }
-                    let n = big.purge(batch).await.expect("purge");
-                    purged += n;
-                    if n == 0 {
-                        break;
-                    }
-                }
-                (purged, started.elapsed())
-            })
-        };
-        let with = serve(serving, &cpu).await;
-        stop.store(true, Ordering::Relaxed);
-        let (purged, elapsed) = purger.await.expect("purger");
-        let (after, expired_after) = purge_cost::count(&pool).await;
-        let inserted = (serving.next.load(Ordering::Relaxed) - claimed_before) as i64;
-        let deleted = before + inserted - after;
-        let tombstoned = expired_after - (expired_before - deleted);
-        println!(
-            "  batch {batch:>6}{}: {:>7.0} records/s purged ({deleted} deleted, {tombstoned} made tombstones in {elapsed:.1?}); {}",
-            pace.map_or_else(|| ", flat out".to_owned(), |pace| format!(" every {pace:?}")),
-            purged as f64 / elapsed.as_secs_f64(),
-            serving_line(&with, &without)
-        );
-    }
-    tombstones_against_floor(serving, &pool, &cpu, partitions.is_some()).await;
-}
-
-/// Making tombstones (the purge's dearer half): the store's purge against its floor.
-async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &pg_cpu::PgCpu, partitioned: bool) {
-    println!("\nmaking tombstones, nothing else running (batch {}):", purge_cost::BATCH);
-    let store_us = purge_cost::tombstones_alone(&serving.store, pool, cpu).await;
-    if partitioned {
-        println!("  no floor with partitions: a `ctid` names a row only within its partition");
-        return;
-    }
-    let floor_us = purge_cost::floor_alone(pool, cpu).await;
-    if let Some((store_us, floor_us)) = store_us.zip(floor_us) {
-        println!("  store / floor, PostgreSQL CPU a tombstone: {:.2}x", store_us / floor_us);
-    }
-    // Enough rows for the whole window at the pace, or the window would end without the floor.
-    let needed = (PURGE_WINDOW.as_millis() / PACE.as_millis() + 1) as usize * purge_cost::BATCH;
-    let rows = purge_cost::stale_rows(pool, needed).await;
-    if rows.len() < needed {
-        println!(
-            "  floor paced while serving: not run, {} records left to make tombstones ({needed} needed)",
-            rows.len()
-        );
-        return;
-    }
-    let without = serve(serving, cpu).await;
-    let floor = purge_cost::FloorTask::start(pool.clone(), rows, PACE);
-    let with = serve(serving, cpu).await;
-    let (expired, elapsed) = floor.stop().await;
-    println!(
-        "  floor paced ({} every {PACE:?}) while serving: {:.0} tombstones/s ({expired} in {elapsed:.1?}); {}",
-        purge_cost::BATCH,
-        expired as f64 / elapsed.as_secs_f64(),
-        serving_line(&with, &without)
-    );
+    purge_serving::measure(&targets[1], &pool, &cpu, partitions.is_some()).await;
 }
 
 /// The log a claim writes on each table: claims for a window from a fresh checkpoint (as the
@@ -469,29 +389,4 @@ async fn claim_log(targets: &[Target], pool: &PgPool) {
         let bytes = purge_cost::wal_position(pool).await - before;
         println!("  {:<5} {:>6} bytes a claim ({claims} claims)", target.name, bytes / claims.max(1));
     }
-}
-
-/// Claims for one window of the purge measurement, with the server's CPU over it.
-async fn serve(serving: &Target, cpu: &pg_cpu::PgCpu) -> Window {
-    let before = cpu.sample().await;
-    let mut window = serving.run(Work::Claim, PURGE_WINDOW).await;
-    let spent = before.until(&cpu.sample().await);
-    window.server_cores = spent.server_ns.map(|ns| ns as f64 / window.elapsed.as_nanos() as f64);
-    window
-}
-
-/// Serving throughput with a purge over without one, the claims' p99 and the server's CPU in each.
-fn serving_line(with: &Window, without: &Window) -> String {
-    let cores = |window: &Window| window.server_cores.map_or_else(|| "n/a".to_owned(), |cores| format!("{cores:.2}"));
-    format!(
-        "serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}, \
-         PostgreSQL {} / {} cores",
-        with.throughput(),
-        without.throughput(),
-        with.throughput() / without.throughput(),
-        with.quantile(0.99),
-        without.quantile(0.99),
-        cores(with),
-        cores(without),
-    )
 }

@@ -1,0 +1,176 @@
+//! The purge while claims are served, for `pg_scale` (issue 16's purge aim: 50,000 records a
+//! second while serving, serving dropping at most 10 %).
+//!
+//! Each measure is a pair of windows of claims on `big`: one with a task calling
+//! `Store::purge(batch)` (back to back, or paced at the aim's rate), one without. Printed per
+//! pair: records purged a second (how many deleted and how many made tombstones), the serving
+//! throughput with the purge over the one without, the claims' p99 and the whole server's CPU in
+//! each. The paced purge runs in [`PACED_ROUNDS`] pairs whose two windows alternate in order, so
+//! that neither always has the fresher table or the quieter moment; their ratios are given as a
+//! median and a range, as the latency rounds are.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tower_idempotency::{PostgresStore, Store};
+
+use crate::pg_cpu::PgCpu;
+use crate::{CLIENTS, Target, Window, Work, purge_cost, ratio_line};
+
+/// One serving window of the purge measurement.
+pub const PURGE_WINDOW: Duration = Duration::from_secs(5);
+/// The flat-out purges' batch sizes.
+const BATCHES: [usize; 3] = [1_000, 5_000, 20_000];
+/// The paced purge: a batch of this size every `PACE`, the aim's 50,000 records a second.
+const PACED_BATCH: usize = 5_000;
+const PACE: Duration = Duration::from_millis(100);
+/// Pairs of windows of the paced purge, each time it runs.
+const PACED_ROUNDS: usize = 3;
+
+/// Every purge-while-serving measure: paced in rounds first (the fill's deletable records are
+/// there), flat out at each batch size, paced in rounds again (by then the flat-out windows
+/// have deleted what was deletable, so it makes tombstones, the dearer half of the work), then
+/// the floor under making tombstones.
+pub async fn measure(serving: &Target, pool: &PgPool, cpu: &PgCpu, partitioned: bool) {
+    println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
+    paced_rounds(serving, pool, cpu, "deleting").await;
+    for batch in BATCHES {
+        pair(serving, pool, cpu, batch, None, false).await;
+    }
+    paced_rounds(serving, pool, cpu, "by now making tombstones").await;
+    tombstones_against_floor(serving, pool, cpu, partitioned).await;
+}
+
+/// [`PACED_ROUNDS`] pairs of the paced purge, the window with the purge second in even rounds
+/// and first in odd ones, then the median and range of their serving ratios.
+async fn paced_rounds(serving: &Target, pool: &PgPool, cpu: &PgCpu, what: &str) {
+    let mut ratios = Vec::new();
+    for round in 0..PACED_ROUNDS {
+        ratios.push(pair(serving, pool, cpu, PACED_BATCH, Some(PACE), round % 2 == 1).await);
+    }
+    ratio_line(&format!("  paced, {what}: serving with / without"), ratios);
+}
+
+/// One pair of windows, one without a purge and one with a purge of `batch` (paced every `pace`,
+/// or flat out), the one with the purge first if `purge_first`. Prints the pair's line; returns
+/// the serving ratio.
+async fn pair(
+    serving: &Target,
+    pool: &PgPool,
+    cpu: &PgCpu,
+    batch: usize,
+    pace: Option<Duration>,
+    purge_first: bool,
+) -> f64 {
+    let mut without = None;
+    if !purge_first {
+        without = Some(serve(serving, cpu).await);
+    }
+    let (before, expired_before) = purge_cost::count(pool).await;
+    let claimed_before = serving.next.load(Ordering::Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let purger = tokio::spawn(purge_until(serving.store.clone(), batch, pace, stop.clone()));
+    let with = serve(serving, cpu).await;
+    stop.store(true, Ordering::Relaxed);
+    let (purged, elapsed) = purger.await.expect("purger");
+    let (after, expired_after) = purge_cost::count(pool).await;
+    let inserted = (serving.next.load(Ordering::Relaxed) - claimed_before) as i64;
+    let deleted = before + inserted - after;
+    let tombstoned = expired_after - (expired_before - deleted);
+    let without = match without {
+        Some(without) => without,
+        None => serve(serving, cpu).await,
+    };
+    println!(
+        "  batch {batch:>6}{}{}: {:>7.0} records/s purged ({deleted} deleted, {tombstoned} made tombstones in {elapsed:.1?}); {}",
+        pace.map_or_else(|| ", flat out".to_owned(), |pace| format!(" every {pace:?}")),
+        if purge_first { ", purge first" } else { "" },
+        purged as f64 / elapsed.as_secs_f64(),
+        serving_line(&with, &without)
+    );
+    with.throughput() / without.throughput()
+}
+
+/// Calls `Store::purge(batch)` until `stop` is set or nothing is left, every `pace` if given.
+/// Returns the records purged and the time taken.
+async fn purge_until(
+    store: PostgresStore,
+    batch: usize,
+    pace: Option<Duration>,
+    stop: Arc<AtomicBool>,
+) -> (usize, Duration) {
+    let (mut purged, started) = (0usize, Instant::now());
+    let mut ticks = pace.map(tokio::time::interval);
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(ticks) = &mut ticks {
+            ticks.tick().await;
+        }
+        let n = store.purge(batch).await.expect("purge");
+        purged += n;
+        if n == 0 {
+            break;
+        }
+    }
+    (purged, started.elapsed())
+}
+
+/// Making tombstones (the purge's dearer half): the store's purge against its floor.
+async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &PgCpu, partitioned: bool) {
+    println!("\nmaking tombstones, nothing else running (batch {}):", purge_cost::BATCH);
+    let store_us = purge_cost::tombstones_alone(&serving.store, pool, cpu).await;
+    if partitioned {
+        println!("  no floor with partitions: a `ctid` names a row only within its partition");
+        return;
+    }
+    let floor_us = purge_cost::floor_alone(pool, cpu).await;
+    if let Some((store_us, floor_us)) = store_us.zip(floor_us) {
+        println!("  store / floor, PostgreSQL CPU a tombstone: {:.2}x", store_us / floor_us);
+    }
+    // Enough rows for the whole window at the pace, or the window would end without the floor.
+    let needed = (PURGE_WINDOW.as_millis() / PACE.as_millis() + 1) as usize * purge_cost::BATCH;
+    let rows = purge_cost::stale_rows(pool, needed).await;
+    if rows.len() < needed {
+        println!(
+            "  floor paced while serving: not run, {} records left to make tombstones ({needed} needed)",
+            rows.len()
+        );
+        return;
+    }
+    let without = serve(serving, cpu).await;
+    let floor = purge_cost::FloorTask::start(pool.clone(), rows, PACE);
+    let with = serve(serving, cpu).await;
+    let (expired, elapsed) = floor.stop().await;
+    println!(
+        "  floor paced ({} every {PACE:?}) while serving: {:.0} tombstones/s ({expired} in {elapsed:.1?}); {}",
+        purge_cost::BATCH,
+        expired as f64 / elapsed.as_secs_f64(),
+        serving_line(&with, &without)
+    );
+}
+
+/// Claims for one window of the purge measurement, with the server's CPU over it.
+async fn serve(serving: &Target, cpu: &PgCpu) -> Window {
+    let before = cpu.sample().await;
+    let mut window = serving.run(Work::Claim, PURGE_WINDOW).await;
+    let spent = before.until(&cpu.sample().await);
+    window.server_cores = spent.server_ns.map(|ns| ns as f64 / window.elapsed.as_nanos() as f64);
+    window
+}
+
+/// Serving throughput with a purge over without one, the claims' p99 and the server's CPU in each.
+fn serving_line(with: &Window, without: &Window) -> String {
+    let cores = |window: &Window| window.server_cores.map_or_else(|| "n/a".to_owned(), |cores| format!("{cores:.2}"));
+    format!(
+        "serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}, \
+         PostgreSQL {} / {} cores",
+        with.throughput(),
+        without.throughput(),
+        with.throughput() / without.throughput(),
+        with.quantile(0.99),
+        without.quantile(0.99),
+        cores(with),
+        cores(without),
+    )
+}
