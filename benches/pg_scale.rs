@@ -49,19 +49,23 @@ mod pg_cpu;
 mod purge_cost;
 #[path = "support/purge_serving.rs"]
 mod purge_serving;
+#[path = "support/stored_answer.rs"]
+mod stored_answer;
 #[path = "support/table_size.rs"]
 mod table_size;
+#[path = "support/wal.rs"]
+mod wal;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bench_db::BenchDatabase;
-use http::{HeaderName, HeaderValue, StatusCode};
 use sqlx::PgPool;
+use stored_answer::{answer, answer_body, hex};
 use tower_idempotency::{
     Begin, BeginRequest, Claim, CouplingMode, Fingerprint, IdempotencyKey, Outcome, PostgresStore, RecordId, Scope,
-    Store, StoredResponse,
+    Store,
 };
 
 const DEFAULT_ROWS: u64 = 10_000_000;
@@ -72,28 +76,6 @@ const POOL: u32 = 24;
 /// One latency window.
 const WINDOW: Duration = Duration::from_secs(3);
 const ROUNDS: usize = 3;
-
-/// The body every stored answer carries: 300 bytes.
-fn answer_body() -> String {
-    let mut body =
-        String::from("{\"order_id\":\"6a321645-a23b-40c1-929b-813d72a6be46\",\"status\":\"accepted\",\"lines\":[");
-    while body.len() < 296 {
-        body.push_str("{\"sku\":\"book-42\",\"qty\":1},");
-    }
-    body.truncate(296);
-    body.push_str("\"]}");
-    body.truncate(300);
-    body
-}
-
-fn answer() -> StoredResponse {
-    let mut response = StoredResponse::new(StatusCode::CREATED, answer_body());
-    response.headers = vec![
-        (HeaderName::from_static("content-type"), HeaderValue::from_static("application/json")),
-        (HeaderName::from_static("location"), HeaderValue::from_static("/orders/6a321645-a23b-40c1-929b-813d72a6be46")),
-    ];
-    response
-}
 
 /// Latencies of one window, sorted, and how long the window ran.
 struct Window {
@@ -182,10 +164,6 @@ impl Target {
         latencies.sort_unstable();
         Window { latencies, elapsed: started.elapsed(), server_cores: None }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Fills `big`'s table by SQL to `rows` records in the three groups; returns how many carry an
@@ -383,10 +361,10 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
 async fn claim_log(targets: &[Target], pool: &PgPool) {
     println!("\nlog written a claim, {CLIENTS} clients, {WINDOW:?} from a fresh checkpoint:");
     for target in targets {
-        purge_cost::checkpoint(pool).await;
-        let before = purge_cost::wal_position(pool).await;
+        wal::checkpoint(pool).await;
+        let before = wal::wal_position(pool).await;
         let claims = target.run(Work::Claim, WINDOW).await.latencies.len() as i64;
-        let bytes = purge_cost::wal_position(pool).await - before;
+        let bytes = wal::wal_position(pool).await - before;
         println!("  {:<5} {:>6} bytes a claim ({claims} claims)", target.name, bytes / claims.max(1));
     }
 }

@@ -29,6 +29,7 @@ use sqlx::PgPool;
 use tower_idempotency::{PostgresStore, Store};
 
 use crate::pg_cpu::PgCpu;
+use crate::wal::{checkpoint, wal_position};
 
 /// How long each measure runs.
 const ALONE: Duration = Duration::from_secs(2);
@@ -66,22 +67,6 @@ async fn expire(pool: &PgPool, ctids: &[String], compressed: bool) -> u64 {
     let expired = update.execute(&mut *tx).await.expect("floor update").rows_affected();
     tx.commit().await.expect("commit");
     expired
-}
-
-/// Ends the log's current checkpoint cycle, so that a measure starts where every page it
-/// changes costs its first full-page image, as most pages do in a table much larger than what
-/// one cycle touches.
-pub async fn checkpoint(pool: &PgPool) {
-    sqlx::raw_sql("CHECKPOINT").execute(pool).await.expect("checkpoint");
-}
-
-/// The server's write-ahead log position, in bytes: what a measure wrote to the log is the
-/// difference (the server's whole log, so only with nothing else running).
-pub async fn wal_position(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
-        .fetch_one(pool)
-        .await
-        .expect("the log's position")
 }
 
 /// What one measure did and spent.

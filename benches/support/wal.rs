@@ -1,0 +1,20 @@
+//! The server's write-ahead log, for the PostgreSQL benchmarks that read what a measure wrote
+//! to it (`pg_scale`, `pg_layout`).
+
+use sqlx::PgPool;
+
+/// Ends the log's current checkpoint cycle, so that a measure starts where every page it
+/// changes costs its first full-page image, as most pages do in a table much larger than what
+/// one cycle touches.
+pub async fn checkpoint(pool: &PgPool) {
+    sqlx::raw_sql("CHECKPOINT").execute(pool).await.expect("checkpoint");
+}
+
+/// The server's write-ahead log position, in bytes: what a measure wrote to the log is the
+/// difference (the server's whole log, so only with nothing else running).
+pub async fn wal_position(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+        .fetch_one(pool)
+        .await
+        .expect("the log's position")
+}
