@@ -414,8 +414,7 @@ fn main() {
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_parts", CONCURRENCY as u32).await;
         let pool = database.pool.clone();
-        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&bench_db::database_url()).await;
-        let cpu = PgCpu::new(admin.expect("connect to the server's own database"), database.name()).await;
+        let cpu = PgCpu::of_database(database.name()).await;
         PostgresStore::new(pool.clone()).migrate().await.expect("migrate the records table");
         sqlx::raw_sql(
             "CREATE TABLE bench_orders (order_id text PRIMARY KEY, operation_id text NOT NULL, body text NOT NULL, \

@@ -44,6 +44,8 @@
 mod bench_db;
 #[path = "support/pg_cpu.rs"]
 mod pg_cpu;
+#[path = "support/ratios.rs"]
+mod ratios;
 #[path = "support/stored_answer.rs"]
 mod stored_answer;
 #[path = "support/wal.rs"]
@@ -55,6 +57,7 @@ use std::time::{Duration, Instant};
 
 use bench_db::BenchDatabase;
 use pg_cpu::PgCpu;
+use ratios::ratio_line;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use stored_answer::{answer, answer_body, hex};
@@ -166,13 +169,8 @@ fn main() {
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_layout", CLIENTS as u32 + 4).await;
         let pool = database.pool.clone();
-        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&bench_db::database_url()).await;
-        let cpu = PgCpu::new(admin.expect("connect to the server's own database"), database.name()).await;
-        let outcome = tokio::spawn(measure(pool, rows, cpu)).await;
-        database.drop().await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic.into_panic());
-        }
+        let cpu = PgCpu::of_database(database.name()).await;
+        database.run_to_end(measure(pool, rows, cpu)).await;
     });
 }
 
@@ -399,19 +397,6 @@ async fn rounds(what: &str, pool: &PgPool, cpu: &PgCpu, work: impl Fn(Layout) ->
     for (label, ratios) in ["rate", "CPU a record", "log a record"].into_iter().zip(ratios) {
         ratio_line(&format!("  apart / one, {label}"), ratios);
     }
-}
-
-fn ratio_line(label: &str, mut ratios: Vec<f64>) {
-    if ratios.is_empty() {
-        return println!("{label}: n/a");
-    }
-    ratios.sort_by(f64::total_cmp);
-    println!(
-        "{label}: per round median {:.2}x, range {:.2}x..{:.2}x",
-        ratios[ratios.len() / 2],
-        ratios[0],
-        ratios[ratios.len() - 1]
-    );
 }
 
 /// Making tombstones with nothing else running, from a fresh checkpoint each: the floor on

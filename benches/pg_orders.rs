@@ -207,8 +207,7 @@ fn main() {
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_bench", POOL).await;
         let pool = database.pool.clone();
-        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&bench_db::database_url()).await;
-        let cpu = PgCpu::new(admin.expect("connect to the server's own database"), database.name()).await;
+        let cpu = PgCpu::of_database(database.name()).await;
         orders_app::create_orders_table(&pool).await;
         let atomic = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
         atomic.migrate().await.unwrap();

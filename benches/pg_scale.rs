@@ -49,6 +49,8 @@ mod pg_cpu;
 mod purge_cost;
 #[path = "support/purge_serving.rs"]
 mod purge_serving;
+#[path = "support/ratios.rs"]
+mod ratios;
 #[path = "support/stored_answer.rs"]
 mod stored_answer;
 #[path = "support/table_size.rs"]
@@ -61,6 +63,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bench_db::BenchDatabase;
+use ratios::ratio_line;
 use sqlx::PgPool;
 use stored_answer::{answer, answer_body, hex};
 use tower_idempotency::{
@@ -248,16 +251,6 @@ async fn row_sizes(pool: &PgPool, store: &PostgresStore) {
     assert_eq!(stored, filled, "the fill must write records as the store does");
 }
 
-fn ratio_line(label: &str, mut ratios: Vec<f64>) {
-    ratios.sort_by(f64::total_cmp);
-    println!(
-        "{label}: per round median {:.2}x, range {:.2}x..{:.2}x",
-        ratios[ratios.len() / 2],
-        ratios[0],
-        ratios[ratios.len() - 1]
-    );
-}
-
 fn main() {
     let rows: u64 = std::env::var("PG_SCALE_ROWS").ok().and_then(|r| r.parse().ok()).unwrap_or(DEFAULT_ROWS);
     let partitions: Option<u16> =
@@ -266,13 +259,8 @@ fn main() {
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_scale", POOL).await;
         let pool = database.pool.clone();
-        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&bench_db::database_url()).await;
-        let cpu = pg_cpu::PgCpu::new(admin.expect("connect to the server's own database"), database.name()).await;
-        let outcome = tokio::spawn(measure(pool, rows, partitions, cpu)).await;
-        database.drop().await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic.into_panic());
-        }
+        let cpu = pg_cpu::PgCpu::of_database(database.name()).await;
+        database.run_to_end(measure(pool, rows, partitions, cpu)).await;
     });
 }
 

@@ -37,6 +37,15 @@ impl BenchDatabase {
         &self.name
     }
 
+    /// Runs `work` to its end as a task of its own, then drops the database, also when `work`
+    /// panics (the panic is resumed once the database is gone).
+    #[allow(dead_code)] // Only the benchmarks that run their measure as one task use it.
+    pub async fn run_to_end<T: Send + 'static>(self, work: impl Future<Output = T> + Send + 'static) -> T {
+        let outcome = tokio::spawn(work).await;
+        self.drop().await;
+        outcome.unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()))
+    }
+
     /// Closes the pool and drops the database.
     pub async fn drop(mut self) {
         self.pool.close().await;

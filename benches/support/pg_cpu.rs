@@ -44,9 +44,17 @@ pub struct CpuSpent {
 }
 
 impl PgCpu {
+    /// A sampler of the backends of `database` (and of the whole server), over a connection of
+    /// its own to the server's own database (`bench_db::database_url`).
+    pub async fn of_database(database: &str) -> Self {
+        let url = crate::bench_db::database_url();
+        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&url).await;
+        Self::new(admin.expect("connect to the server's own database"), database).await
+    }
+
     /// A sampler of the backends of `database` (and of the whole server), over `admin`, a pool on
     /// another database of the same server.
-    pub async fn new(admin: PgPool, database: &str) -> Self {
+    async fn new(admin: PgPool, database: &str) -> Self {
         let backend: i32 =
             sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&admin).await.expect("a backend pid");
         let postmaster = u32::try_from(backend).ok().and_then(stat_fields).map(|fields| fields.ppid);

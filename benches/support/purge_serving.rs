@@ -17,7 +17,8 @@ use sqlx::PgPool;
 use tower_idempotency::{PostgresStore, Store};
 
 use crate::pg_cpu::PgCpu;
-use crate::{CLIENTS, Target, Window, Work, purge_cost, ratio_line};
+use crate::ratios::ratio_line;
+use crate::{CLIENTS, Target, Window, Work, purge_cost};
 
 /// One serving window of the purge measurement.
 pub const PURGE_WINDOW: Duration = Duration::from_secs(5);
