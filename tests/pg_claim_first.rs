@@ -171,7 +171,10 @@ async fn without_migration_8_the_store_falls_back_to_reading_first() {
         let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fp)).await.expect("begin") else {
             panic!("reading first, the identity is claimed")
         };
-        drop(claim); // Rolled back: the identity stays free.
+        // Rolled back, and awaited: the identity is free before the next claim. (A dropped
+        // claim rolls back too, but in the background: the next claim could find it not yet
+        // rolled back and be answered in flight.)
+        claim.finish(Outcome::Release).await.expect("release");
     }
     let claim = claim(&store, BeginRequest::new(&id, &fp)).await;
     claim.finish(Outcome::Complete(answer("read first"))).await.expect("finish");
