@@ -44,6 +44,8 @@
 mod bench_db;
 #[path = "support/layout_purge.rs"]
 mod layout_purge;
+#[path = "support/meter.rs"]
+mod meter;
 #[path = "support/pg_cpu.rs"]
 mod pg_cpu;
 #[path = "support/ratios.rs"]
@@ -58,6 +60,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bench_db::BenchDatabase;
+use meter::{Meter, Spent};
 use pg_cpu::PgCpu;
 use ratios::ratio_line;
 use sha2::{Digest, Sha256};
@@ -280,34 +283,10 @@ enum Work {
     Read(Layout, u64),
 }
 
-/// One window's count, PostgreSQL CPU and log bytes.
-struct Spent {
-    done: u64,
-    elapsed: Duration,
-    database_ns: Option<u64>,
-    wal_bytes: i64,
-}
-
-impl Spent {
-    fn per_second(&self) -> f64 {
-        self.done as f64 / self.elapsed.as_secs_f64()
-    }
-
-    fn cpu_us(&self) -> Option<f64> {
-        self.database_ns.map(|ns| ns as f64 / 1_000.0 / self.done.max(1) as f64)
-    }
-
-    fn wal(&self) -> f64 {
-        self.wal_bytes as f64 / self.done.max(1) as f64
-    }
-}
-
 /// `CLIENTS` clients doing `work` for `WINDOW`, from a fresh checkpoint.
 async fn window(pool: &PgPool, cpu: &PgCpu, work: Work) -> Spent {
-    wal::checkpoint(pool).await;
-    let (before, wal_before) = (cpu.sample().await, wal::wal_position(pool).await);
-    let started = Instant::now();
-    let deadline = started + WINDOW;
+    let meter = Meter::start(pool, cpu).await;
+    let deadline = Instant::now() + WINDOW;
     let mut clients = Vec::new();
     for client in 0..CLIENTS as u64 {
         let (pool, work) = (pool.clone(), work.clone());
@@ -352,9 +331,7 @@ async fn window(pool: &PgPool, cpu: &PgCpu, work: Work) -> Spent {
     for client in clients {
         done += client.await.expect("client");
     }
-    let elapsed = started.elapsed();
-    let database_ns = before.until(&cpu.sample().await).database_ns;
-    Spent { done, elapsed, database_ns, wal_bytes: wal::wal_position(pool).await - wal_before }
+    meter.stop(pool, cpu, done).await
 }
 
 /// `ROUNDS` rounds of one window a layout, their order alternating; per round each side's

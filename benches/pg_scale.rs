@@ -43,6 +43,8 @@
 
 #[path = "support/bench_db.rs"]
 mod bench_db;
+#[path = "support/meter.rs"]
+mod meter;
 #[path = "support/pg_cpu.rs"]
 mod pg_cpu;
 #[path = "support/purge_cost.rs"]

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use crate::meter::{Meter, Spent};
 use crate::pg_cpu::PgCpu;
 use crate::ratios::ratio_line;
-use crate::{CLIENTS, DAYS, Layout, ROUNDS, Spent, Work, wal, window};
+use crate::{CLIENTS, DAYS, Layout, ROUNDS, Work, window};
 
 /// Records a tombstone statement handles.
 pub const BATCH: usize = 5_000;
@@ -55,22 +56,14 @@ pub async fn tombstones(pool: &PgPool, cpu: &PgCpu, rows: u64, by_day: bool) -> 
     }
     // Apart: a whole day of answers (the second day's partition, untouched above).
     let in_partition: i64 = sqlx::query_scalar("SELECT count(*) FROM answers_d1").fetch_one(pool).await.unwrap();
-    wal::checkpoint(pool).await;
-    let (before, wal_before, started) = (cpu.sample().await, wal::wal_position(pool).await, Instant::now());
+    let meter = Meter::start(pool, cpu).await;
     sqlx::raw_sql("DROP TABLE answers_d1").execute(pool).await.expect("drop a day");
-    let dropped = Spent {
-        done: in_partition as u64,
-        elapsed: started.elapsed(),
-        database_ns: before.until(&cpu.sample().await).database_ns,
-        wal_bytes: wal::wal_position(pool).await - wal_before,
-    };
+    let dropped = meter.stop(pool, cpu, in_partition as u64).await;
     println!(
         "  apart, a day's partition dropped ({in_partition} answers: the fill's second day and what the claims above \
          wrote): {:.1?}, PostgreSQL CPU {} ns and {:.3} B of log an answer",
         dropped.elapsed,
-        dropped
-            .database_ns
-            .map_or_else(|| "n/a".to_owned(), |ns| format!("{:.1}", ns as f64 / in_partition.max(1) as f64)),
+        dropped.cpu_us().map_or_else(|| "n/a".to_owned(), |us| format!("{:.1}", us * 1_000.0)),
         dropped.wal()
     );
     next_seq
@@ -136,25 +129,21 @@ where
     I: Iterator<Item = &'a [T]>,
     F: Fn(&'a [T]) -> sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>,
 {
-    wal::checkpoint(pool).await;
-    let (before, wal_before, started) = (cpu.sample().await, wal::wal_position(pool).await, Instant::now());
-    let mut done = 0;
+    let (meter, mut done) = (Meter::start(pool, cpu).await, 0);
     for batch in batches {
-        if started.elapsed() >= ALONE {
+        if meter.elapsed() >= ALONE {
             break;
         }
         done += statement(batch).execute(pool).await.expect("tombstone batch").rows_affected();
     }
-    let elapsed = started.elapsed();
-    let database_ns = before.until(&cpu.sample().await).database_ns;
-    Spent { done, elapsed, database_ns, wal_bytes: wal::wal_position(pool).await - wal_before }
+    meter.stop(pool, cpu, done).await
 }
 
 fn report(label: &str, spent: &Spent) {
     println!(
         "  {label:<36} {:>7.0} records/s ({} in {:.1?}); PostgreSQL CPU {} µs and {:.0} B of log a record",
         spent.per_second(),
-        spent.done,
+        spent.records,
         spent.elapsed,
         spent.cpu_us().map_or_else(|| "n/a".to_owned(), |us| format!("{us:.1}")),
         spent.wal()

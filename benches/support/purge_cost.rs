@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tower_idempotency::{PostgresStore, Store};
 
+use crate::meter::{Meter, Spent};
 use crate::pg_cpu::PgCpu;
-use crate::wal::{checkpoint, wal_position};
 
 /// How long each measure runs.
 const ALONE: Duration = Duration::from_secs(2);
@@ -69,28 +69,18 @@ async fn expire(pool: &PgPool, ctids: &[String], compressed: bool) -> u64 {
     expired
 }
 
-/// What one measure did and spent.
-struct Spent {
-    records: u64,
-    elapsed: Duration,
-    database_ns: Option<u64>,
-    wal_bytes: i64,
-}
-
 /// Records a second, µs of PostgreSQL CPU and bytes of log a record, printed as one line under
 /// `label`; returns the CPU.
 fn report(label: &str, spent: Spent) -> Option<f64> {
-    let Spent { records, elapsed, database_ns, wal_bytes } = spent;
-    let rate = records as f64 / elapsed.as_secs_f64();
-    let Some(ns) = database_ns.filter(|_| records > 0) else {
+    let (records, elapsed, rate) = (spent.records, spent.elapsed, spent.per_second());
+    let Some(per_record_us) = spent.cpu_us() else {
         println!("  {label}: {records} records in {elapsed:.1?} ({rate:.0}/s); no CPU reading");
         return None;
     };
-    let per_record_us = ns as f64 / records as f64 / 1000.0;
     println!(
         "  {label}: {rate:>7.0} records/s ({records} in {elapsed:.1?}); PostgreSQL CPU {per_record_us:.1} µs and \
-         {} bytes of log a record; 50,000 a second takes {:.2} cores of the database",
-        wal_bytes / records as i64,
+         {:.0} bytes of log a record; 50,000 a second takes {:.2} cores of the database",
+        spent.wal(),
         per_record_us * 50_000.0 / 1e6,
     );
     Some(per_record_us)
@@ -98,18 +88,14 @@ fn report(label: &str, spent: Spent) -> Option<f64> {
 
 /// `Store::purge` in batches of [`BATCH`] for up to [`ALONE`].
 async fn purge_for(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -> Spent {
-    checkpoint(pool).await;
-    let (before, wal_before) = (cpu.sample().await, wal_position(pool).await);
-    let (mut records, started) = (0u64, Instant::now());
-    while started.elapsed() < ALONE {
+    let (meter, mut records) = (Meter::start(pool, cpu).await, 0u64);
+    while meter.elapsed() < ALONE {
         match big.purge(BATCH).await.expect("purge") {
             0 => break,
             n => records += n as u64,
         }
     }
-    let elapsed = started.elapsed();
-    let database_ns = before.until(&cpu.sample().await).database_ns;
-    Spent { records, elapsed, database_ns, wal_bytes: wal_position(pool).await - wal_before }
+    meter.stop(pool, cpu, records).await
 }
 
 /// The purge with nothing else running, while the fill's deletable records are there.
@@ -139,18 +125,14 @@ pub async fn floor_alone(pool: &PgPool, cpu: &PgCpu) -> Option<f64> {
     let mut plain_us = None;
     for compressed in [false, true] {
         let rows = stale_rows(pool, FLOOR_ALONE_ROWS).await;
-        checkpoint(pool).await;
-        let (before, wal_before) = (cpu.sample().await, wal_position(pool).await);
-        let (mut records, started) = (0u64, Instant::now());
+        let (meter, mut records) = (Meter::start(pool, cpu).await, 0u64);
         for batch in rows.chunks(BATCH) {
-            if started.elapsed() >= ALONE {
+            if meter.elapsed() >= ALONE {
                 break;
             }
             records += expire(pool, batch, compressed).await;
         }
-        let elapsed = started.elapsed();
-        let database_ns = before.until(&cpu.sample().await).database_ns;
-        let spent = Spent { records, elapsed, database_ns, wal_bytes: wal_position(pool).await - wal_before };
+        let spent = meter.stop(pool, cpu, records).await;
         if compressed {
             report("floor, full-page images compressed (lz4)", spent);
         } else {
