@@ -217,6 +217,18 @@ pub async fn pg_partitioned_store(mode: tower_idempotency::CouplingMode) -> towe
     store.migrate().await.expect("migrate");
     store
 }
+
+/// A migrated PostgreSQL store in a schema of its own, its answers apart
+/// (`PostgresStore::answers_apart`).
+#[cfg(feature = "postgres")]
+pub async fn pg_apart_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
+    let schema = unique_name("tidem");
+    let pool = pg_pool(&schema, 24).await;
+    let store =
+        tower_idempotency::PostgresStore::new(pool).schema(&schema).expect("schema name").answers_apart().mode(mode);
+    store.migrate().await.expect("migrate");
+    store
+}
 pub mod server;
 #[cfg(feature = "axum")]
 pub mod storm;

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 use http::StatusCode;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
+use super::answers::Answers;
 use super::dialect::{Arg, Bound, Dialect, InfoRow};
 use super::{Records, millis, unavailable};
 use crate::key::{RecordId, Scope, scoped_operation_key};
@@ -110,16 +111,17 @@ pub(crate) struct AdminStatements<D> {
 }
 
 impl<D: Dialect> AdminStatements<D> {
-    /// The statements on `t` (qualified and quoted).
-    pub(crate) fn new(t: &str) -> Self {
+    /// The statements on `t` (qualified and quoted), its answers kept as `answers` says.
+    pub(crate) fn new(t: &str, answers: &Answers) -> Self {
         let p = D::param;
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         let no = D::FALSE;
         let info = |now: &str| {
+            let (answer, expired) = answers.looked_up(format!("COALESCE(response_until <= {now}, {no})"));
             format!(
                 "record_id, state, operation, fingerprint_version, COALESCE(fencing_token, 0), {created}, {updated}, {until}, \
-                 {forget}, {lease}, response_status, response_headers, CAST(COALESCE(attempts, 0) AS bigint), \
-                 COALESCE(response_until <= {now}, {no}), COALESCE(forget_at <= {now}, {no})",
+                 {forget}, {lease}, {answer}, CAST(COALESCE(attempts, 0) AS bigint), \
+                 {expired}, COALESCE(forget_at <= {now}, {no})",
                 created = D::epoch_ms("created_at"),
                 updated = D::epoch_ms("COALESCE(updated_at, created_at)"),
                 until = D::epoch_ms("response_until"),
@@ -170,19 +172,17 @@ impl<D: Dialect> AdminStatements<D> {
             // decided on, and not past its retention.
             settle: {
                 let now = D::now(9);
+                let (status, headers, body, until) = (p(4), p(5), p(6), D::later(7));
                 sql(format!(
-                    "UPDATE {t} SET state = {state}, response_status = {status}, response_headers = {headers}, \
-                         response_body = {body}, lease_until = NULL, response_until = {until}, \
+                    "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
                          forget_at = {forget}, recheck_at = NULL, updated_at = {now} \
                      WHERE record_id = {id} AND COALESCE(fencing_token, 0) = {token} AND {is_unknown} \
                        AND {live}",
+                    write = answers.write(&status, &headers, &body, &until),
+                    answer = answers.set(&status, &headers, &body, &until),
                     id = p(1),
                     token = p(2),
                     state = p(3),
-                    status = p(4),
-                    headers = p(5),
-                    body = p(6),
-                    until = D::later(7),
                     forget = D::later(8),
                     live = live(&now),
                     is_unknown = IS_UNKNOWN,

@@ -5,6 +5,7 @@
 
 mod acquire;
 pub(crate) mod admin;
+mod answers;
 mod claim;
 mod deployment;
 mod dialect;
@@ -238,18 +239,13 @@ impl<D: Dialect> Records<D> {
         let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
         let (tables, start) = self.statements.purge_walk();
         let mut purged = 0u64;
-        for expire in [false, true] {
+        for step in 0..self.statements.purge_steps() {
             for table in (0..tables).map(|i| (start + i) % tables) {
-                // One table: both statements run, as they always have, even with nothing left.
+                // One table: every step runs, as it always has, even with nothing left.
                 if left == 0 && tables > 1 {
                     break;
                 }
-                let statement = if expire {
-                    self.statements.purge_expire(table, left)
-                } else {
-                    self.statements.purge_forget(table, left)
-                };
-                let n = self.execute(statement).await.map_err(unavailable)?;
+                let n = self.execute(self.statements.purge_step(step, table, left)).await.map_err(unavailable)?;
                 purged += n;
                 left = left.saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
             }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::admin::AdminStatements;
+use super::answers::Answers;
 use super::dialect::{Arg, Bound, Dialect};
 
 use crate::key::RecordId;
@@ -25,9 +26,12 @@ const PROCESSING: &str = RecordState::Processing.as_str();
 #[derive(Debug)]
 pub(crate) struct Statements<D> {
     /// The record's columns as [`RecordRow`](super::RecordRow) reads them, "now" being
-    /// parameter 2. Only PostgreSQL's atomic statements read it.
+    /// parameter 2, and the `FROM` they are read from. Only PostgreSQL's atomic statements read
+    /// them.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) columns: String,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) from: String,
     claim: SqlStr,
     read: SqlStr,
     renew: SqlStr,
@@ -35,9 +39,11 @@ pub(crate) struct Statements<D> {
     finish: SqlStr,
     release: SqlStr,
     abandon: SqlStr,
-    /// The purge's two statements for each table it walks: the records table, or each of its
+    /// The purge's statements for each table it walks: the records table, or each of its
     /// partitions ([`with_partitions`](Self::with_partitions)).
     purge: Vec<PurgeStatements>,
+    /// Where the answers are kept, which the purge's statements depend on.
+    answers: Answers,
     /// Whether the purge's statements are prepared and kept on the connection (not when there
     /// is a pair for each partition: they would crowd the claims' statements out of the
     /// connection's cache).
@@ -54,18 +60,31 @@ pub(crate) struct Statements<D> {
 
 impl<D: Dialect> Statements<D> {
     /// The statements on `table` (qualified and quoted), drawing fencing tokens with
-    /// `next_token` (given the number of the parameter that may carry one).
+    /// `next_token` (given the number of the parameter that may carry one), answers inline.
     pub(crate) fn new(table: &str, conflict_target: &str, next_token: impl Fn(usize) -> String) -> Self {
+        Self::with_answers(table, conflict_target, next_token, Answers::Inline)
+    }
+
+    /// The statements on `table` as [`new`](Self::new), with the answers kept as `answers`
+    /// says.
+    pub(crate) fn with_answers(
+        table: &str,
+        conflict_target: &str,
+        next_token: impl Fn(usize) -> String,
+        answers: Answers,
+    ) -> Self {
         let t = table;
+        let from = answers.from(t);
         let p = D::param;
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         let columns = |now: &str| {
             format!(
                 "state, fingerprint_version, fingerprint, COALESCE(fencing_token, 0), {lease_left}, \
-                 COALESCE(response_until <= {now}, {no}), COALESCE(forget_at <= {now}, {no}), \
-                 response_status, response_headers, response_body",
+                 {expired}, COALESCE(forget_at <= {now}, {no}), {answer}",
                 lease_left = D::millis_until("lease_until", now),
+                expired = answers.expired(format!("COALESCE(response_until <= {now}, {no})", no = D::FALSE)),
                 no = D::FALSE,
+                answer = answers.read_columns(),
             )
         };
         let fenced = format!("record_id = {} AND fencing_token = {} AND state = '{PROCESSING}'", p(1), p(2));
@@ -95,7 +114,7 @@ impl<D: Dialect> Statements<D> {
                          forget_at = excluded.forget_at, created_at = excluded.created_at, \
                          updated_at = excluded.updated_at, reexecutable = excluded.reexecutable, \
                          operation = excluded.operation, scope_digest = NULL, \
-                         operation_id = excluded.operation_id, attempts = 0, recheck_at = NULL \
+                         operation_id = excluded.operation_id, attempts = 0, recheck_at = NULL{unlink} \
                      WHERE r.forget_at <= {now} \
                         OR ({reexecute} AND r.state = '{PROCESSING}' AND r.lease_until <= {now} \
                             AND r.fingerprint = excluded.fingerprint) \
@@ -110,9 +129,14 @@ impl<D: Dialect> Statements<D> {
                     until = D::later(8),
                     forget = D::later(9),
                     token = next_token(10),
+                    unlink = answers.unlink(),
                 ))
             },
-            read: sql(format!("SELECT {columns} FROM {t} WHERE record_id = {id}", columns = columns(&now), id = p(1))),
+            read: sql(format!(
+                "SELECT {columns} FROM {from} WHERE record_id = {id}",
+                columns = columns(&now),
+                id = p(1)
+            )),
             mark_unknown: {
                 let now = D::now(3);
                 sql(format!(
@@ -121,19 +145,19 @@ impl<D: Dialect> Statements<D> {
                 ))
             },
             // Fenced and state-checked: zero rows means the claim is no longer ours.
-            finish: sql(format!(
-                "UPDATE {t} SET state = {state}, response_status = {status}, response_headers = {headers}, \
-                     response_body = {body}, lease_until = NULL, response_until = {response_until}, \
-                     forget_at = {forget_at}, updated_at = {now} \
-                 WHERE {fenced}",
-                state = p(3),
-                status = p(4),
-                headers = p(5),
-                body = p(6),
-                response_until = D::later(7),
-                forget_at = D::later(8),
-                now = D::now(9),
-            )),
+            finish: {
+                let (status, headers, body, until) = (p(4), p(5), p(6), D::later(7));
+                sql(format!(
+                    "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
+                         forget_at = {forget_at}, updated_at = {now} \
+                     WHERE {fenced}",
+                    write = answers.write(&status, &headers, &body, &until),
+                    state = p(3),
+                    answer = answers.set(&status, &headers, &body, &until),
+                    forget_at = D::later(8),
+                    now = D::now(9),
+                ))
+            },
             release: sql(format!("DELETE FROM {t} WHERE {fenced}")),
             // Fenced and state-checked like the outcome: a lease is only ever extended for the
             // claim that still holds the record.
@@ -146,10 +170,10 @@ impl<D: Dialect> Statements<D> {
                 let now = D::now(3);
                 sql(format!("UPDATE {t} SET lease_until = {now}, updated_at = {now} WHERE {fenced}"))
             },
-            purge: vec![PurgeStatements::new::<D>(t)],
+            purge: vec![PurgeStatements::new::<D>(t, &answers)],
             purge_prepared: true,
             purge_start: AtomicUsize::new(0),
-            admin: AdminStatements::new(t),
+            admin: AdminStatements::new(t, &answers),
             // The batch's upsert: each record with the status only (a status-only answer's
             // fields encode as no bytes), taking the place of a forgotten one.
             shadow: {
@@ -158,7 +182,7 @@ impl<D: Dialect> Statements<D> {
                     "INSERT INTO {t} AS r (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                                            response_status, response_headers, response_body, response_until, \
                                            forget_at, created_at, updated_at) \
-                     SELECT b.id, b.state, b.version, b.fingerprint, 0, b.status, b.empty, b.empty, \
+                     SELECT b.id, b.state, b.version, b.fingerprint, 0, b.status, {empty}, {empty}, \
                             {keep}, {forget}, {now}, {now} \
                      FROM {rows} AS b WHERE true \
                      ON CONFLICT {conflict_target} DO UPDATE SET \
@@ -168,15 +192,21 @@ impl<D: Dialect> Statements<D> {
                          response_body = excluded.response_body, response_until = excluded.response_until, \
                          forget_at = excluded.forget_at, created_at = excluded.created_at, \
                          updated_at = excluded.updated_at, reexecutable = {no}, operation = NULL, \
-                         scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL \
+                         scope_digest = NULL, operation_id = NULL, attempts = 0, recheck_at = NULL{unlink} \
                      WHERE r.forget_at <= {now} \
                      RETURNING record_id",
                     keep = D::plus_ms(&now, "b.keep_ms"),
                     forget = D::plus_ms(&now, "b.forget_ms"),
                     rows = D::shadow_rows(),
                     no = D::FALSE,
+                    // A status-only answer: no fields or body to keep apart, and none inline
+                    // for the purge of inline answers to find.
+                    empty = if answers.table().is_some() { "NULL" } else { "b.empty" },
+                    unlink = answers.unlink(),
                 ))
             },
+            from,
+            answers,
             dialect: PhantomData,
         }
     }
@@ -291,7 +321,8 @@ impl<D: Dialect> Statements<D> {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn with_partitions(mut self, partitions: &[String]) -> Self {
         if !partitions.is_empty() {
-            self.purge = partitions.iter().map(|partition| PurgeStatements::new::<D>(partition)).collect();
+            self.purge =
+                partitions.iter().map(|partition| PurgeStatements::new::<D>(partition, &self.answers)).collect();
             self.purge_prepared = false;
         }
         self
@@ -304,63 +335,76 @@ impl<D: Dialect> Statements<D> {
         (n, self.purge_start.fetch_add(1, Ordering::Relaxed) % n)
     }
 
-    /// Deletes at most `limit` records past their tombstone time from the purge's table number
-    /// `table` (see [`purge_walk`](Self::purge_walk)).
-    pub(crate) fn purge_forget(&self, table: usize, limit: i64) -> Bound {
-        self.purge_bound(&self.purge[table].forget, limit)
+    /// How many steps a purge takes on each table, in order (see [`purge_step`](Self::purge_step)).
+    pub(crate) fn purge_steps(&self) -> usize {
+        self.purge[0].steps.len()
     }
 
-    /// Turns at most `limit` records of the purge's table number `table` past their response
-    /// retention into tombstones.
-    pub(crate) fn purge_expire(&self, table: usize, limit: i64) -> Bound {
-        self.purge_bound(&self.purge[table].expire, limit)
-    }
-
-    fn purge_bound(&self, sql: &SqlStr, limit: i64) -> Bound {
-        let bound = Bound::new(sql, vec![Arg::Int(Some(limit))], D::now_value());
+    /// Step `step` of the purge on its table number `table` (see
+    /// [`purge_walk`](Self::purge_walk)), for at most `limit` records: first, delete the records
+    /// past their tombstone time; then make tombstones of the records whose answer's retention
+    /// is over (inline: the answer's columns emptied; apart, the answers written inline before,
+    /// then the answers themselves, the earliest due first).
+    pub(crate) fn purge_step(&self, step: usize, table: usize, limit: i64) -> Bound {
+        let bound = Bound::new(&self.purge[table].steps[step], vec![Arg::Int(Some(limit))], D::now_value());
         if self.purge_prepared { bound } else { bound.unprepared() }
     }
 }
 
-/// The purge's statements on one table: bounded batches, picked with the dialect's batch lock.
+/// The purge's statements on one table, in the order they run: bounded batches, picked with
+/// the dialect's batch lock.
 #[derive(Debug)]
 struct PurgeStatements {
-    forget: SqlStr,
-    expire: SqlStr,
+    steps: Vec<SqlStr>,
 }
 
 impl PurgeStatements {
-    /// The statements on `t` (qualified and quoted).
-    fn new<D: Dialect>(t: &str) -> Self {
+    /// The statements on `t` (qualified and quoted), with its answers kept as `answers` says.
+    fn new<D: Dialect>(t: &str, answers: &Answers) -> Self {
         let p = D::param;
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         // One "now" for the statement, so that the times bound the walk of their index.
         let now = D::stable_now(2);
-        Self {
-            // Tombstones only: a record reaches its tombstone time as one (its response retention
-            // ends first and `expire` makes it one), and PostgreSQL's index covers only them.
-            forget: sql(format!(
-                "DELETE FROM {t} WHERE {picked}",
-                picked = D::purge_pick(
-                    t,
-                    &format!("state = '{}' AND forget_at <= {now}", EXPIRED.as_str()),
-                    "forget_at",
-                    &p(1)
-                ),
-            )),
-            expire: sql(format!(
+        let expired = EXPIRED.as_str();
+        let expire = |condition: &str| {
+            sql(format!(
                 "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
                      response_body = NULL, updated_at = {now} \
                  WHERE {picked}",
-                expired = EXPIRED.as_str(),
-                picked = D::purge_pick(
-                    t,
-                    &format!("state <> '{}' AND response_until <= {now}", EXPIRED.as_str()),
-                    "response_until",
-                    &p(1)
-                ),
-            )),
-        }
+                picked = D::purge_pick(t, &format!("{condition} AND response_until <= {now}"), "response_until", &p(1)),
+            ))
+        };
+        let steps = match answers.table() {
+            // Tombstones only: a record reaches its tombstone time as one (its response retention
+            // ends first and the next statement makes it one), and PostgreSQL's index covers only
+            // them.
+            None => vec![
+                sql(format!(
+                    "DELETE FROM {t} WHERE {picked}",
+                    picked =
+                        D::purge_pick(t, &format!("state = '{expired}' AND forget_at <= {now}"), "forget_at", &p(1)),
+                )),
+                expire(&format!("state <> '{expired}'")),
+            ],
+            // Apart, a record is never written to become a tombstone, so every record past its
+            // tombstone time goes, whatever its state says (migration 11's index covers them all).
+            // The answers written inline before are emptied as inline (their own index), and the
+            // answers apart deleted through migration 11's index on their time, the earliest due
+            // first: a walk that stops at the first answer not yet due, whatever each route keeps
+            // its answers for.
+            Some(answers) => vec![
+                sql(format!(
+                    "DELETE FROM {t} WHERE {picked}",
+                    picked = D::purge_pick(t, &format!("forget_at <= {now}"), "forget_at", &p(1)),
+                )),
+                expire("response_headers IS NOT NULL"),
+                sql(format!(
+                    "DELETE FROM {answers} WHERE {picked}",
+                    picked = D::purge_pick(answers, &format!("keep_until <= {now}"), "keep_until", &p(1)),
+                )),
+            ],
+        };
+        Self { steps }
     }
 }
 

@@ -9,6 +9,7 @@ use sqlx::{AssertSqlSafe, Postgres, SqlSafeStr, SqlStr};
 use tokio::time::Instant;
 
 use super::super::RecordRow;
+use super::super::answers::Answers;
 use super::super::claim::{self, Held};
 use super::super::dialect::{Arg, Bound};
 use super::super::tx::{ManagedTx, OpenTx, TxHandle};
@@ -298,31 +299,32 @@ pub(super) struct AtomicStatements {
 }
 
 impl AtomicStatements {
-    pub(super) fn new(schema: &str, table: &str, columns: &str) -> Self {
+    /// The statements on `schema`.`table`, reading `columns` from `from`, answers as `answers` says.
+    pub(super) fn new(schema: &str, table: &str, columns: &str, from: &str, answers: &Answers) -> Self {
         let t = format!("\"{schema}\".\"{table}\"");
         let until = Pg::plus_ms("clock_timestamp()", "$8");
         let forget = Pg::plus_ms("clock_timestamp()", "$9");
+        let apart = answers.record_insert(&t, &until, &forget); // Migration 11's table has had 9.
+        let insert = |inline: String| AssertSqlSafe(apart.clone().unwrap_or(inline)).into_sql_str();
         Self {
-            read_template: format!("SELECT {columns} FROM {t} WHERE record_id = {}", bytea_literal("{id}")),
+            read_template: format!("SELECT {columns} FROM {from} WHERE record_id = {}", bytea_literal("{id}")),
             primary_key: format!("{table}_pkey"),
             bare_table: table.to_owned(),
             partitions: 0,
             claim_function: format!("\"{schema}\".\"{table}_claim\""),
             claim_first_function: format!("\"{schema}\".\"{table}_claim_first\""),
-            store_insert: AssertSqlSafe(format!(
+            store_insert: insert(format!(
                 "INSERT INTO {t} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                      response_status, response_headers, response_body, response_until, forget_at, \
                      updated_at, attempts, operation, operation_id) \
                  VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, {until}, {forget}, NULL, NULL, $10, $11)"
-            ))
-            .into_sql_str(),
-            store_insert_uncompacted: AssertSqlSafe(format!(
+            )),
+            store_insert_uncompacted: insert(format!(
                 "INSERT INTO {t} (record_id, state, fingerprint_version, fingerprint, fencing_token, \
                      response_status, response_headers, response_body, response_until, forget_at, \
                      operation, operation_id) \
                  VALUES ($1, $2, $3, $4, 0, $5, $6, $7, {until}, {forget}, $10, $11)"
-            ))
-            .into_sql_str(),
+            )),
             compact: AtomicBool::new(true),
             table: t,
         }
@@ -476,7 +478,7 @@ async fn rollback_and_read(mut conn: PoolConnection<Postgres>, read: &str) -> Re
 
 #[cfg(test)]
 mod tests {
-    use super::AtomicStatements;
+    use super::{Answers, AtomicStatements};
     use crate::store::sql::statements::Statements;
 
     /// The atomic path's read goes over the wire as it did before the statements were written
@@ -484,7 +486,7 @@ mod tests {
     #[test]
     fn the_atomic_read_is_the_tuned_statement() {
         let statements = Statements::<super::Pg>::new("\"s\".\"t\"", "ON CONSTRAINT \"t_pkey\"", |_| String::new());
-        let atomic = AtomicStatements::new("s", "t", &statements.columns);
+        let atomic = AtomicStatements::new("s", "t", &statements.columns, &statements.from, &Answers::Inline);
         assert_eq!(
             atomic.read_template,
             "SELECT state, fingerprint_version, fingerprint, COALESCE(fencing_token, 0), \

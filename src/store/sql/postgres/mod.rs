@@ -149,6 +149,29 @@
 //!   to partitions means a new table (another [`table`](PostgresStore::table) name) and a copy.
 //! - **The count is fixed** with the table: choose it for the size the table will reach (64 for
 //!   the 3 billion records of `docs/scale.md`, about 47 million each).
+//!
+//! # Answers apart
+//!
+//! With [`PostgresStore::answers_apart`], a record's answer (status, fields, body) is a row of
+//! `<table>_answers`, numbered in the order answers are written and carrying the time its replay
+//! ends; the record points at it (`answer_seq`) and takes that time as its response retention.
+//! A record past that time is a tombstone by its time alone (every read compares it), so the
+//! purge makes tombstones by deleting the answers that are due, through an index on that time,
+//! and never rewrites a record and its index entries as an in-place tombstone does
+//! (`docs/scale.md`, "Answers apart").
+//!
+//! - **The same**: uniqueness (the records table's primary key), the atomic and leased paths.
+//!   The answer and the record are written by one statement, in the claim's transaction.
+//! - **Different**: a read joins the record to its answer (two index probes instead of one);
+//!   records past their tombstone time go through an index on `forget_at` over every record; a
+//!   record whose answer is gone is a tombstone, whatever its time says.
+//! - **The migration** (11, run only with `answers_apart`) adds the answers table, the
+//!   record's `answer_seq` and the purge's indexes, and copies nothing: records written before
+//!   keep their answers inline, replay from them and are made tombstones in place.
+//! - **One way**: once migrated, every store on the table must say `answers_apart`
+//!   (`migrate` refuses one that does not, with a [`LayoutMismatch`]; one that never migrates
+//!   fails a request for a record written apart rather than replay an empty answer). Not
+//!   combined with [`hash_partitions`](PostgresStore::hash_partitions).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -167,6 +190,7 @@ pub use self::read_first::ReadBeforeClaim;
 use self::atomic::{AtomicClaim, AtomicStatements, is_retryable};
 use self::partitions::Layout;
 use self::read_first::ReadFirst;
+use super::answers::Answers;
 use super::claim::{Held, sql_store_surface};
 use super::dialect::{Arg, Dialect, bind_and_decode, run_bound_statements};
 use super::leased::LeasedClaim;
@@ -183,6 +207,7 @@ const MIGRATION_0007: &str = include_str!("../../../../migrations/postgres/0007_
 const MIGRATION_0008: &str = include_str!("../../../../migrations/postgres/0008_claim_first.sql");
 const MIGRATION_0009: &str = include_str!("../../../../migrations/postgres/0009_compact_records.sql");
 const MIGRATION_0010: &str = include_str!("../../../../migrations/postgres/0010_tombstone_forget_index.sql");
+const MIGRATION_0011: &str = include_str!("../../../../migrations/postgres/0011_answers_apart.sql");
 
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
@@ -329,6 +354,26 @@ impl PostgresStore {
         Ok(self.rebuilt(&self.schema, &self.table, layout))
     }
 
+    /// Keeps each record's answer in a table of its own, `<table>_answers`, so that a record
+    /// past its response retention becomes a tombstone without being written (see
+    /// [Answers apart](self#answers-apart)). [`migrate`](Self::migrate) adds it to a new or
+    /// existing records table; from then on every store on the table must say so. It replaces
+    /// [`hash_partitions`](Self::hash_partitions) if both are called.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::{IdempotencyLayer, store::postgres::PostgresStore};
+    ///
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+    /// let store = PostgresStore::new(pool).schema("idempotency")?.answers_apart();
+    /// store.migrate().await?;
+    /// let layer = IdempotencyLayer::new(store);
+    /// # drop(layer); Ok(()) }
+    /// ```
+    pub fn answers_apart(self) -> Self {
+        self.rebuilt(&self.schema, &self.table, Layout::AnswersApart)
+    }
+
     /// When an atomic claim reads the request's record first: [`ReadBeforeClaim::Adaptive`]
     /// (the default) decides from the requests the store has seen lately. Every choice keeps
     /// every guarantee; see [`ReadBeforeClaim`] for what each costs.
@@ -358,27 +403,31 @@ impl PostgresStore {
     /// repeatedly; its history is kept in `<schema>._<table>_migrations`, apart from the
     /// application's own sqlx migrations.
     ///
-    /// If the table exists and is not laid out as the store is configured (one table, or
-    /// [`hash_partitions`](Self::hash_partitions) with the same count), it changes nothing and
+    /// If the table exists and is not laid out as the store is configured (one table, one table
+    /// with [`answers_apart`](Self::answers_apart), or [`hash_partitions`](Self::hash_partitions)
+    /// with the same count), it changes nothing and
     /// fails with [`MigrateError::Source`](sqlx::migrate::MigrateError::Source) holding a
     /// [`LayoutMismatch`].
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         let (schema, table) = (&self.schema, &self.table);
         partitions::check_layout(&self.records.pool, schema, table, self.layout).await?;
         let create_records = match self.layout {
-            Layout::Table => MIGRATION_0001.to_owned(),
+            Layout::Table | Layout::AnswersApart => MIGRATION_0001.to_owned(),
             Layout::HashPartitions(n) => partitions::create_records(MIGRATION_0001, n),
         };
         let sql = [create_records.as_str(), MIGRATION_0002, MIGRATION_0003]
             .map(|sql| sql.replace("{schema}", schema).replace("{table}", table));
         let named = |sql: &str| sql.replace("{schema}", schema).replace("{table}", table);
-        let later = vec![
+        let mut later = vec![
             (6, "shadow record", named(MIGRATION_0006)),
             (7, "operation id hash index", named(MIGRATION_0007)),
             (8, "claim first", named(MIGRATION_0008)),
             (9, "compact records", named(MIGRATION_0009)),
             (10, "tombstone forget index", named(MIGRATION_0010)),
         ];
+        if self.layout == Layout::AnswersApart {
+            later.push((11, "answers apart", named(MIGRATION_0011)));
+        }
         let mut migrator = migrator(sql, later, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
         migrator.run(&self.records.pool).await
@@ -396,10 +445,14 @@ impl PostgresStore {
         let partitions: Vec<String> = (0..layout.partitions())
             .map(|remainder| format!("\"{schema}\".\"{}\"", partitions::partition_name(table, remainder)))
             .collect();
-        let statements =
-            Statements::new(&qualified, &conflict_target, |_| sequence.clone()).with_partitions(&partitions);
-        let atomic =
-            Arc::new(AtomicStatements::new(schema, table, &statements.columns).partitioned(layout.partitions()));
+        let answers = match layout {
+            Layout::AnswersApart => Answers::Apart(format!("\"{schema}\".\"{table}_answers\"")),
+            Layout::Table | Layout::HashPartitions(_) => Answers::Inline,
+        };
+        let statements = Statements::with_answers(&qualified, &conflict_target, |_| sequence.clone(), answers.clone())
+            .with_partitions(&partitions);
+        let atomic = AtomicStatements::new(schema, table, &statements.columns, &statements.from, &answers);
+        let atomic = Arc::new(atomic.partitioned(layout.partitions()));
         let records = Records { pool, mode, statements: Arc::new(statements) };
         let read_first = Arc::new(ReadFirst::new(ReadBeforeClaim::default()));
         Self { records, schema: schema.into(), table: table.into(), layout, atomic, read_first }

@@ -25,13 +25,15 @@ pub(super) enum Layout {
     Table,
     /// `PARTITION BY HASH (record_id)` into this many partitions.
     HashPartitions(u16),
+    /// One table, its answers in `<table>_answers` (migration 11).
+    AnswersApart,
 }
 
 impl Layout {
     /// How many partitions the table has (0: it is one table).
     pub(super) fn partitions(self) -> u16 {
         match self {
-            Layout::Table => 0,
+            Layout::Table | Layout::AnswersApart => 0,
             Layout::HashPartitions(n) => n,
         }
     }
@@ -40,6 +42,7 @@ impl Layout {
         match self {
             Layout::Table => "one table (no hash_partitions)".to_owned(),
             Layout::HashPartitions(n) => format!("hash_partitions({n})"),
+            Layout::AnswersApart => "answers_apart".to_owned(),
         }
     }
 }
@@ -156,16 +159,19 @@ pub(super) fn create_records(create_records: &str, partitions: u16) -> String {
 
 /// Checks that the table `schema`.`table`, if it exists, is laid out as `layout` says: one
 /// table, or hash partitioned on `record_id` into that many partitions. A table that does not
-/// exist yet passes (the migration creates it).
+/// exist yet passes (the migration creates it). One table whose answers are apart
+/// (`<table>_answers` exists) is refused to a store without them; a store with them takes one
+/// table either way (its migration moves it to answers apart).
 pub(super) async fn check_layout(
     pool: &PgPool,
     schema: &str,
     table: &str,
     layout: Layout,
 ) -> Result<(), sqlx::migrate::MigrateError> {
-    let found: Option<(String, Option<String>, i64)> = sqlx::query_as(
+    let found: Option<(String, Option<String>, i64, bool)> = sqlx::query_as(
         "SELECT c.relkind::text, pg_get_partkeydef(c.oid), \
-                (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = c.oid) \
+                (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = c.oid), \
+                EXISTS (SELECT 1 FROM pg_class a WHERE a.relnamespace = n.oid AND a.relname = $2 || '_answers') \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE n.nspname = $1 AND c.relname = $2",
     )
@@ -173,9 +179,10 @@ pub(super) async fn check_layout(
     .bind(table)
     .fetch_optional(pool)
     .await?;
-    let Some((kind, key, count)) = found else { return Ok(()) };
+    let Some((kind, key, count, apart)) = found else { return Ok(()) };
     let matches = match (layout, kind.as_str(), key.as_deref()) {
-        (Layout::Table, "r", _) => true,
+        (Layout::Table, "r", _) => !apart,
+        (Layout::AnswersApart, "r", _) => true,
         (Layout::HashPartitions(n), "p", Some("HASH (record_id)")) => count == i64::from(n),
         _ => false,
     };
@@ -183,6 +190,7 @@ pub(super) async fn check_layout(
         return Ok(());
     }
     let found = match (kind.as_str(), key) {
+        ("r", _) if apart => "one table with its answers apart (answers_apart)".to_owned(),
         ("r", _) => "one table, not partitioned".to_owned(),
         ("p", Some(key)) if key == "HASH (record_id)" => format!("hash partitioned into {count} partitions"),
         ("p", Some(key)) => format!("partitioned by {key} into {count} partitions"),
