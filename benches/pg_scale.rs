@@ -39,7 +39,12 @@
 //! `DATABASE_URL` overrides the server). `PG_SCALE_ROWS` chooses fewer records for a quick run.
 //! `PG_SCALE_PARTITIONS=n` runs the same measurement with both tables hash partitioned into `n`
 //! partitions (`PostgresStore::hash_partitions`), sizes summed over the partitions, so that one
-//! table and partitions can be compared run against run. Not run by CI.
+//! table and partitions can be compared run against run. `PG_SCALE_LAYOUT=apart` runs it with
+//! both stores' answers apart (`PostgresStore::answers_apart`): the fill writes the answers into
+//! `big_answers`, sizes include that table, a tombstone is a record whose answer the purge
+//! deleted, and the fill's groups are 50 % live, 30 % past their response retention and 20 %
+//! deletable (the purge gets through the second group much faster, and the last paced rounds
+//! need some left). Not run by CI.
 
 #[path = "support/bench_db.rs"]
 mod bench_db;
@@ -171,11 +176,12 @@ impl Target {
     }
 }
 
-/// Fills `big`'s table by SQL to `rows` records in the three groups; returns how many carry an
-/// answer (the first two groups, written first) and the table's bytes when they were in.
-async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
-    let live = rows * 70 / 100;
-    let stale = rows * 10 / 100;
+/// Fills `big`'s table by SQL to `rows` records in the three groups (with its answers in
+/// `big_answers` if `apart`); returns how many carry an answer (the first two groups, written
+/// first) and the table's bytes when they were in.
+async fn fill(pool: &PgPool, rows: u64, apart: bool) -> (u64, u64) {
+    let live = rows * if apart { 50 } else { 70 } / 100;
+    let stale = rows * if apart { 30 } else { 10 } / 100;
     let answered = live + stale;
     let headers = hex(&answer().encode_fields());
     let body = hex(answer_body().as_bytes());
@@ -208,6 +214,7 @@ async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
                  '{OPERATION}', NULL, substr(sha256(int8send(g) || '\\x01'::bytea), 1, 16) \
              FROM generate_series({from}::bigint, {to}::bigint - 1) g"
         );
+        let statement = if apart { apart_fill(from, to, answered, live, &headers, &body) } else { statement };
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(pool).await.expect("fill");
         from = to;
         if from == answered {
@@ -226,7 +233,38 @@ async fn fill(pool: &PgPool, rows: u64) -> (u64, u64) {
             println!("  {from} records, {:.0?}", started.elapsed());
         }
     }
+    if apart {
+        // The store's own answers are numbered after the fill's.
+        let sql = "SELECT setval(pg_get_serial_sequence('big_answers', 'seq'), $1)";
+        sqlx::query(sql).bind(rows as i64).execute(pool).await.expect("answer numbers");
+    }
     (answered, answered_bytes)
+}
+
+/// The fill's rows `from..to` with answers apart: the same records as the fill's statement, each
+/// numbered `g`, its answer (if it has one) the answer numbered `g`, and the record in the form
+/// the store writes it (no answer inline; a tombstone is a record whose answer is gone, never
+/// written since).
+fn apart_fill(from: u64, to: u64, answered: u64, live: u64, headers: &str, body: &str) -> String {
+    let step = "g * interval '1 microsecond'";
+    let until =
+        format!("CASE WHEN g < {live} THEN now() + interval '1 day' ELSE now() - interval '1 hour' END + {step}");
+    let answers = format!(
+        "INSERT INTO big_answers (seq, keep_until, status, headers, body) OVERRIDING SYSTEM VALUE \
+         SELECT g, {until}, 201, '\\x{headers}'::bytea, \
+             overlay('\\x{body}'::bytea placing decode(md5(g::text), 'hex') from 1) \
+         FROM generate_series({from}::bigint, {to}::bigint - 1) g WHERE g < {answered};"
+    );
+    format!(
+        "{answers} \
+         INSERT INTO big (record_id, state, fingerprint_version, fingerprint, fencing_token, response_until, forget_at, \
+             created_at, updated_at, attempts, operation, scope_digest, operation_id, answer_seq) \
+         SELECT sha256(int8send(g)), 'completed', 2, sha256(int8send(-g)), NULL, {until}, \
+             CASE WHEN g < {answered} THEN now() + interval '8 days' ELSE now() - interval '1 minute' END + {step}, \
+             now() - interval '1 day' + {step}, NULL, NULL, '{OPERATION}', NULL, \
+             substr(sha256(int8send(g) || '\\x01'::bytea), 1, 16), g \
+         FROM generate_series({from}::bigint, {to}::bigint - 1) g"
+    )
 }
 
 /// A row as the store writes it (one labelled record with the answer, through `store`) against
@@ -257,18 +295,26 @@ fn main() {
     let rows: u64 = std::env::var("PG_SCALE_ROWS").ok().and_then(|r| r.parse().ok()).unwrap_or(DEFAULT_ROWS);
     let partitions: Option<u16> =
         std::env::var("PG_SCALE_PARTITIONS").ok().map(|n| n.parse().expect("PG_SCALE_PARTITIONS: a partition count"));
+    let apart = match std::env::var("PG_SCALE_LAYOUT").as_deref() {
+        Ok("apart") => true,
+        Ok("one") | Err(_) => false,
+        Ok(other) => panic!("PG_SCALE_LAYOUT: `one` (the default) or `apart`, not {other:?}"),
+    };
+    assert!(!(apart && partitions.is_some()), "answers apart are not combined with hash partitions");
+    purge_cost::ANSWERS_APART.store(apart, std::sync::atomic::Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_scale", POOL).await;
         let pool = database.pool.clone();
         let cpu = pg_cpu::PgCpu::of_database(database.name()).await;
-        database.run_to_end(measure(pool, rows, partitions, cpu)).await;
+        database.run_to_end(measure(pool, rows, partitions, apart, cpu)).await;
     });
 }
 
-async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::PgCpu) {
+async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, apart: bool, cpu: pg_cpu::PgCpu) {
     let layout = |store: PostgresStore| match partitions {
         Some(n) => store.hash_partitions(n).expect("PG_SCALE_PARTITIONS: 2 to 1024"),
+        None if apart => store.answers_apart(),
         None => store,
     };
     let small = layout(PostgresStore::new(pool.clone()).table("small").unwrap().mode(CouplingMode::Atomic));
@@ -277,11 +323,12 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, cpu: pg_cpu::
     big.migrate().await.expect("migrate big");
     match partitions {
         Some(n) => println!("layout: both tables hash partitioned into {n} partitions"),
-        None => println!("layout: one table each (PG_SCALE_PARTITIONS unset)"),
+        None if apart => println!("layout: one table each, answers apart (PG_SCALE_LAYOUT=apart)"),
+        None => println!("layout: one table each (PG_SCALE_PARTITIONS and PG_SCALE_LAYOUT unset)"),
     }
     println!("filling `big` to {rows} records ...");
     let started = Instant::now();
-    let (answered, answered_bytes) = fill(&pool, rows).await;
+    let (answered, answered_bytes) = fill(&pool, rows, apart).await;
     table_size::vacuum(&pool).await;
     let bytes = table_size::total_bytes(&pool).await;
     println!("filled {rows} records in {:.0?}; {} bytes per record with tombstones", started.elapsed(), bytes / rows);

@@ -3,7 +3,8 @@
 //! that could not see the winner's commit is rolled back and told to retry (503), and its retry
 //! replays. A duplicate that finds no pool connection, or keeps failing serialization, until
 //! its wait runs out (384 requests share 24 connections, beside the rest of the suite) is told
-//! to retry before anything runs (503 `idempotency_store_unavailable`).
+//! to retry before anything runs (503 `idempotency_store_unavailable`). The same storms run on a
+//! store whose answers are apart (`PostgresStore::answers_apart`).
 #![cfg(all(feature = "axum", feature = "postgres"))]
 
 mod support;
@@ -36,7 +37,8 @@ async fn create(context: IdempotencyContext, tx: TxHandle<Postgres>) -> (StatusC
     (StatusCode::CREATED, order_id)
 }
 
-async fn storm_at(level: &str) {
+/// The storm with sessions at `level`, on a store with its answers apart if `apart`.
+async fn storm_at(level: &str, apart: bool) {
     let schema = support::unique_name("tidem_iso");
     let options: sqlx::postgres::PgConnectOptions = support::database_url().parse().unwrap();
     let options = options.options([("search_path", schema.as_str()), ("default_transaction_isolation", level)]);
@@ -50,6 +52,7 @@ async fn storm_at(level: &str) {
     .unwrap();
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(24).connect_with(options).await.unwrap();
     let store = PostgresStore::new(pool).schema(&schema).unwrap();
+    let store = if apart { store.answers_apart() } else { store };
     store.migrate().await.unwrap();
     let app = Router::new().route("/o", post(create).layer(IdempotencyLayer::new(store.clone()).shared_scope("iso")));
 
@@ -115,10 +118,20 @@ async fn storm_at(level: &str) {
 
 #[test]
 fn repeatable_read_sessions_still_create_one_order_per_key() {
-    tower_idempotency::testkit::run(storm_at("repeatable read"));
+    tower_idempotency::testkit::run(storm_at("repeatable read", false));
+}
+
+#[test]
+fn repeatable_read_sessions_with_answers_apart_still_create_one_order_per_key() {
+    tower_idempotency::testkit::run(storm_at("repeatable read", true));
 }
 
 #[test]
 fn serializable_sessions_still_create_one_order_per_key() {
-    tower_idempotency::testkit::run(storm_at("serializable"));
+    tower_idempotency::testkit::run(storm_at("serializable", false));
+}
+
+#[test]
+fn serializable_sessions_with_answers_apart_still_create_one_order_per_key() {
+    tower_idempotency::testkit::run(storm_at("serializable", true));
 }

@@ -125,6 +125,10 @@ async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &PgCpu, 
         println!("  no floor with partitions: a `ctid` names a row only within its partition");
         return;
     }
+    if purge_cost::ANSWERS_APART.load(Ordering::Relaxed) {
+        println!("  no floor with answers apart: a tombstone is a deleted answer, not an UPDATE");
+        return;
+    }
     let floor_us = purge_cost::floor_alone(pool, cpu).await;
     if let Some((store_us, floor_us)) = store_us.zip(floor_us) {
         println!("  store / floor, PostgreSQL CPU a tombstone: {:.2}x", store_us / floor_us);

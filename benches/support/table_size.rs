@@ -1,15 +1,25 @@
 //! What `big`, the records table `pg_scale` fills, takes on disk: in all, and heap, TOAST and
-//! each index apart, summed over its partitions if it has them.
+//! each index apart, summed over its partitions if it has them, with its answers table
+//! (`big_answers`) if its answers are apart.
 
 use sqlx::PgPool;
 
-/// Vacuums and analyses `big`, so that its sizes are what its rows need.
+/// Vacuums and analyses `big` (and its answers table), so that its sizes are what its rows need.
 pub async fn vacuum(pool: &PgPool) {
     sqlx::raw_sql("VACUUM (ANALYZE) big").execute(pool).await.expect("vacuum");
+    let apart: bool =
+        sqlx::query_scalar("SELECT to_regclass('big_answers') IS NOT NULL").fetch_one(pool).await.unwrap();
+    if apart {
+        sqlx::raw_sql("VACUUM (ANALYZE) big_answers").execute(pool).await.expect("vacuum");
+    }
 }
 
 /// `big` and, if it is partitioned, its partitions (a partitioned table holds no data itself).
-const BIG_RELATIONS: &str = "SELECT 'big'::regclass AS rel UNION SELECT relid FROM pg_partition_tree('big')";
+const BIG_TABLES: &str = "SELECT 'big'::regclass AS rel UNION SELECT relid FROM pg_partition_tree('big')";
+
+/// [`BIG_TABLES`] and the answers table, if there is one.
+const BIG_RELATIONS: &str = "SELECT 'big'::regclass AS rel UNION SELECT relid FROM pg_partition_tree('big') \
+                             UNION SELECT to_regclass('big_answers') WHERE to_regclass('big_answers') IS NOT NULL";
 
 /// Heap, TOAST and indexes of `big`, in bytes.
 pub async fn total_bytes(pool: &PgPool) -> u64 {
@@ -22,13 +32,15 @@ pub async fn total_bytes(pool: &PgPool) -> u64 {
 pub async fn print_sizes(pool: &PgPool, records: u64) {
     // An index of a partitioned table is the sum of its partitions' indexes.
     let sql = format!(
-        "SELECT 'heap', sum(pg_relation_size(rel))::bigint FROM ({BIG_RELATIONS}) r \
+        "SELECT 'heap', sum(pg_relation_size(rel))::bigint FROM ({BIG_TABLES}) r \
+         UNION ALL SELECT 'big_answers heap', pg_relation_size(to_regclass('big_answers')) \
+             WHERE to_regclass('big_answers') IS NOT NULL \
          UNION ALL SELECT 'toast', COALESCE(sum(pg_total_relation_size(reltoastrelid)), 0)::bigint FROM pg_class \
              WHERE oid IN (SELECT rel FROM ({BIG_RELATIONS}) r) AND reltoastrelid <> 0 \
          UNION ALL SELECT indexrelid::regclass::text, \
                 (SELECT sum(pg_relation_size(part)) FROM (SELECT indexrelid AS part \
                      UNION SELECT relid FROM pg_partition_tree(indexrelid)) p)::bigint \
-             FROM pg_index WHERE indrelid = 'big'::regclass"
+             FROM pg_index WHERE indrelid = 'big'::regclass OR indrelid = to_regclass('big_answers')"
     );
     let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(pool).await.unwrap();
     for (name, bytes) in rows {

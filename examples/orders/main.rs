@@ -116,6 +116,10 @@
 //!   unknown payments are reconciled, `ORDERS_LEASE_SECS` (default 30) is the payment route's
 //!   lease, and `ORDERS_PSP_IDEMPOTENT` (default `true`) says whether the provider honours keys
 //!   and has a lookup. See `payments/mod.rs`.
+//! - `ORDERS_ANSWERS_APART` (default `false`; `true` or `false`; PostgreSQL only): keep the
+//!   stored answers in a table of their own (`PostgresStore::answers_apart`), which makes the
+//!   purge's tombstones far cheaper at scale (`docs/scale.md`). Once a database has been started
+//!   with it, it must stay `true`: the migration is one way, and a start without it is refused.
 //!
 //! - `ORDERS_WEBHOOK_URL` and `ORDERS_WEBHOOK_SECRET` (in a build with the `outbox` feature):
 //!   every order's `order.created` event, written to the outbox in the create transaction, and

@@ -100,6 +100,10 @@ async fn open_postgres(url: &str, settings: Settings) -> Result<Opened, BoxError
     // Atomic is the store's default mode: the claim, the order and the answer are one
     // transaction.
     let store = PostgresStore::new(pool.clone());
+    let store = match answers_apart(std::env::var("ORDERS_ANSWERS_APART").ok().as_deref())? {
+        true => store.answers_apart(),
+        false => store,
+    };
     store.migrate().await?;
     let orders = OrderBook::Postgres(pool);
     orders.create_table().await?;
@@ -109,6 +113,17 @@ async fn open_postgres(url: &str, settings: Settings) -> Result<Opened, BoxError
     let payments = payments::worker(leased.clone(), &orders, &settings.lifecycle, &settings.payments);
     let recovery = (Recovery::Postgres(worker), payments.map(Recovery::Postgres));
     assemble(orders, store, leased, settings, recovery).await
+}
+
+/// `ORDERS_ANSWERS_APART` (default `false`; `true` or `false`), given as `value`: whether the
+/// PostgreSQL store keeps its answers in a table of their own (`PostgresStore::answers_apart`).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn answers_apart(value: Option<&str>) -> Result<bool, BoxError> {
+    match value.map(str::trim) {
+        None | Some("") | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(text) => Err(format!("ORDERS_ANSWERS_APART must be true or false, got {text:?}").into()),
+    }
 }
 
 /// The order book whose drill effects the recovery worker reconciles, if the drill is on and
@@ -179,4 +194,19 @@ fn services<St: Store + Admin>(state: AppState, store: St, rollout: RolloutSwitc
     let retention = state.lifecycle.retention();
     let admin = operator::routes(store.clone(), retention);
     (app_with_rollout(state, store, rollout), admin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answers_apart;
+
+    #[test]
+    fn answers_apart_is_true_or_false() {
+        assert!(!answers_apart(None).unwrap());
+        assert!(!answers_apart(Some("")).unwrap());
+        assert!(!answers_apart(Some("false")).unwrap());
+        assert!(answers_apart(Some(" true ")).unwrap());
+        let error = answers_apart(Some("yes")).unwrap_err().to_string();
+        assert!(error.starts_with("ORDERS_ANSWERS_APART"), "{error}");
+    }
 }

@@ -237,3 +237,18 @@ pub async fn orders_per_operation(database_url: &str) -> Vec<(String, i64)> {
     pool.close().await;
     rows
 }
+
+/// The records of the example's database with their answer apart (`ORDERS_ANSWERS_APART`), and
+/// with their answer inline.
+pub async fn answers_apart_and_inline(database_url: &str) -> (i64, i64) {
+    let pool = sqlx::PgPool::connect(database_url).await.expect("connect to the example's database");
+    let counts = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE answer_seq IS NOT NULL), count(*) FILTER (WHERE response_body IS NOT NULL) \
+         FROM idempotency_records",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count the records");
+    pool.close().await;
+    counts
+}
