@@ -130,6 +130,50 @@ async fn the_purge_makes_tombstones_without_writing_the_record() {
     complete(&store, &due, &fp, "again", Retention::default()).await;
 }
 
+/// Answers kept for different times are deleted as each falls due, a limited batch at a time,
+/// and an answer the walk has passed (one a concurrent purge held and let go, made here by
+/// hand) is still deleted by a later walk from the start.
+#[tokio::test]
+async fn due_answers_go_in_the_order_they_fall_due_and_none_is_left_behind() {
+    let store = support::pg_apart_store(CouplingMode::Leased).await;
+    let pool = store.pool();
+    let fp = fingerprint(5);
+    let longer = Retention { response: Duration::from_millis(900), ..SHORT };
+    for n in 0..6 {
+        let retention = if n % 2 == 0 { SHORT } else { longer };
+        complete(&store, &fresh_id("mixed"), &fp, "mixed", retention).await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut purged = Vec::new();
+    loop {
+        let n = store.purge(2).await.expect("purge");
+        if n == 0 {
+            break;
+        }
+        purged.push(n);
+    }
+    assert_eq!((purged.iter().sum::<usize>(), answers(pool).await), (3, 3), "the short ones only: {purged:?}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(store.purge(100).await.expect("purge"), 3);
+    assert_eq!(answers(pool).await, 0);
+
+    // An answer due long before where the walk has reached.
+    sqlx::raw_sql(
+        "INSERT INTO idempotency_records_answers (keep_until, status, headers, body) \
+         VALUES (clock_timestamp() - interval '1 day', 201, '', '')",
+    )
+    .execute(pool)
+    .await
+    .expect("a straggler");
+    let mut calls = 0;
+    while answers(pool).await > 0 {
+        calls += 1;
+        assert!(calls <= 300, "the straggler was never deleted");
+        store.purge(100).await.expect("purge");
+    }
+    assert!(calls > 1, "the walk starts where the last one reached, past the straggler, until it starts over");
+}
+
 /// A record whose answer is gone before its time (deleted by hand, say) is answered as a
 /// tombstone, never replayed with an empty answer.
 #[tokio::test]

@@ -185,6 +185,13 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
         conn: &mut <Self::Db as Database>::Connection,
         statement: Bound,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+
+    /// Runs a purge step that reports how far it reached: how many rows it deleted, and the
+    /// latest time among them (`None` if none).
+    fn fetch_reach(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<(i64, Option<i64>), sqlx::Error>> + Send;
 }
 
 /// The part of a [`Dialect`] that is the same code for every database, but over its own
@@ -238,6 +245,15 @@ macro_rules! run_bound_statements {
         ) -> Result<Option<i64>, sqlx::Error> {
             use sqlx::Row;
             bind(statement).fetch_optional(conn).await?.map(|row| row.try_get(0)).transpose()
+        }
+
+        async fn fetch_reach(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> Result<(i64, Option<i64>), sqlx::Error> {
+            use sqlx::Row;
+            let row = bind(statement).fetch_one(conn).await?;
+            Ok((row.try_get(0)?, row.try_get(1)?))
         }
     };
 }

@@ -245,7 +245,15 @@ impl<D: Dialect> Records<D> {
                 if left == 0 && tables > 1 {
                     break;
                 }
-                let n = self.execute(self.statements.purge_step(step, table, left)).await.map_err(unavailable)?;
+                let statement = self.statements.purge_step(step, table, left);
+                let n = if self.statements.purge_step_reaches(step) {
+                    let mut conn = self.pool.acquire().await.map_err(unavailable)?;
+                    let (n, reached) = D::fetch_reach(&mut conn, statement).await.map_err(unavailable)?;
+                    self.statements.answers_reached(reached);
+                    u64::try_from(n).unwrap_or(0)
+                } else {
+                    self.execute(statement).await.map_err(unavailable)?
+                };
                 purged += n;
                 left = left.saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
             }

@@ -5,7 +5,7 @@
 //! statement's last parameter, so that one statement compares against one instant.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
@@ -51,6 +51,9 @@ pub(crate) struct Statements<D> {
     /// Where the next purge starts walking the partitions, so that a purge whose limit runs out
     /// early does not always favour the first ones.
     purge_start: AtomicUsize,
+    /// Answers apart: where the purge's walk over the due answers starts (see
+    /// [`AnswersReach`]).
+    answers_reach: AnswersReach,
     /// The admin and recovery statements.
     pub(crate) admin: AdminStatements<D>,
     /// Shadow mode's write (see [`shadow_batch`](Self::shadow_batch)).
@@ -173,6 +176,7 @@ impl<D: Dialect> Statements<D> {
             purge: vec![PurgeStatements::new::<D>(t, &answers)],
             purge_prepared: true,
             purge_start: AtomicUsize::new(0),
+            answers_reach: AnswersReach::default(),
             admin: AdminStatements::new(t, &answers),
             // The batch's upsert: each record with the status only (a status-only answer's
             // fields encode as no bytes), taking the place of a forgotten one.
@@ -340,13 +344,30 @@ impl<D: Dialect> Statements<D> {
         self.purge[0].steps.len()
     }
 
+    /// Whether step `step` of the purge is the deletion of due answers, to be run with
+    /// [`Dialect::fetch_reach`] and its reach noted with [`answers_reached`](Self::answers_reached).
+    pub(crate) fn purge_step_reaches(&self, step: usize) -> bool {
+        self.answers.table().is_some() && step + 1 == self.purge_steps()
+    }
+
+    /// Notes the latest due time among the answers a purge step deleted.
+    pub(crate) fn answers_reached(&self, reached: Option<i64>) {
+        if let Some(reached) = reached {
+            self.answers_reach.from.fetch_max(reached, Ordering::Relaxed);
+        }
+    }
+
     /// Step `step` of the purge on its table number `table` (see
     /// [`purge_walk`](Self::purge_walk)), for at most `limit` records: first, delete the records
     /// past their tombstone time; then make tombstones of the records whose answer's retention
     /// is over (inline: the answer's columns emptied; apart, the answers written inline before,
     /// then the answers themselves, the earliest due first).
     pub(crate) fn purge_step(&self, step: usize, table: usize, limit: i64) -> Bound {
-        let bound = Bound::new(&self.purge[table].steps[step], vec![Arg::Int(Some(limit))], D::now_value());
+        let mut args = vec![Arg::Int(Some(limit))];
+        if self.purge_step_reaches(step) {
+            args.push(Arg::Int(Some(self.answers_reach.start())));
+        }
+        let bound = Bound::new(&self.purge[table].steps[step], args, D::now_value());
         if self.purge_prepared { bound } else { bound.unprepared() }
     }
 }
@@ -392,6 +413,9 @@ impl PurgeStatements {
             // answers apart deleted through migration 11's index on their time, the earliest due
             // first: a walk that stops at the first answer not yet due, whatever each route keeps
             // its answers for.
+            // The last step reports the latest due time it reached (microseconds since the
+            // epoch), from which the next walk starts (`$2`, see `AnswersReach`). Only
+            // PostgreSQL keeps answers apart, so its SQL is written here as it is.
             Some(answers) => vec![
                 sql(format!(
                     "DELETE FROM {t} WHERE {picked}",
@@ -399,8 +423,19 @@ impl PurgeStatements {
                 )),
                 expire("response_headers IS NOT NULL"),
                 sql(format!(
-                    "DELETE FROM {answers} WHERE {picked}",
-                    picked = D::purge_pick(answers, &format!("keep_until <= {now}"), "keep_until", &p(1)),
+                    "WITH gone AS (DELETE FROM {answers} WHERE {picked} RETURNING keep_until) \
+                     SELECT count(*), {reach} FROM gone",
+                    picked = D::purge_pick(
+                        answers,
+                        &format!(
+                            "keep_until >= 'epoch'::timestamptz + {from}::bigint * interval '1 microsecond' \
+                             AND keep_until <= {now}",
+                            from = p(2)
+                        ),
+                        "keep_until",
+                        &p(1)
+                    ),
+                    reach = "(EXTRACT(EPOCH FROM max(keep_until)) * 1000000)::bigint",
                 )),
             ],
         };
@@ -411,4 +446,31 @@ impl PurgeStatements {
 /// The arguments that pick a claim's own record: its identity and fencing token.
 fn fenced(id: &RecordId, token: i64) -> Vec<Arg> {
     vec![Arg::Bytes(id.digest().to_vec()), Arg::Int(Some(token))]
+}
+
+/// Where the purge's walk over the due answers starts, so that it does not walk again over the
+/// answers it deleted before (a deleted row's index entry stays until vacuum, and a walk from the
+/// start over a million of them costs more than the deletes it leads to): the latest due time a
+/// purge reached. Answers written later fall due later (a response retention is never negative),
+/// so none is left behind; one that a concurrent purge had locked and then did not delete is,
+/// so every [`FULL_WALK_EVERY`]th walk starts from the beginning.
+#[derive(Debug, Default)]
+struct AnswersReach {
+    /// Microseconds since the epoch.
+    from: AtomicI64,
+    walks: AtomicUsize,
+}
+
+/// How often the walk over the due answers starts from the beginning.
+const FULL_WALK_EVERY: usize = 256;
+
+impl AnswersReach {
+    /// Where this walk starts, in microseconds since the epoch.
+    fn start(&self) -> i64 {
+        if self.walks.fetch_add(1, Ordering::Relaxed) % FULL_WALK_EVERY == 0 {
+            0
+        } else {
+            self.from.load(Ordering::Relaxed)
+        }
+    }
 }
