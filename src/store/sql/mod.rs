@@ -249,7 +249,7 @@ impl<D: Dialect> Records<D> {
                 let n = if self.statements.purge_step_reaches(step) {
                     let mut conn = self.pool.acquire().await.map_err(unavailable)?;
                     let (n, reached) = D::fetch_reach(&mut conn, statement).await.map_err(unavailable)?;
-                    self.statements.answers_reached(reached);
+                    self.statements.reached(step, reached);
                     u64::try_from(n).unwrap_or(0)
                 } else {
                     self.execute(statement).await.map_err(unavailable)?

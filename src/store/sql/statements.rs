@@ -51,9 +51,8 @@ pub(crate) struct Statements<D> {
     /// Where the next purge starts walking the partitions, so that a purge whose limit runs out
     /// early does not always favour the first ones.
     purge_start: AtomicUsize,
-    /// Answers apart: where the purge's walk over the due answers starts (see
-    /// [`AnswersReach`]).
-    answers_reach: AnswersReach,
+    /// For each step of the purge, where its walk starts, if it keeps track (see [`Reach`]).
+    reaches: Vec<Reach>,
     /// The admin and recovery statements.
     pub(crate) admin: AdminStatements<D>,
     /// Shadow mode's write (see [`shadow_batch`](Self::shadow_batch)).
@@ -78,6 +77,8 @@ impl<D: Dialect> Statements<D> {
     ) -> Self {
         let t = table;
         let from = answers.from(t);
+        let purge = vec![PurgeStatements::new::<D>(t, &answers)];
+        let reaches = purge[0].steps.iter().map(|_| Reach::default()).collect();
         let p = D::param;
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         let columns = |now: &str| {
@@ -173,10 +174,10 @@ impl<D: Dialect> Statements<D> {
                 let now = D::now(3);
                 sql(format!("UPDATE {t} SET lease_until = {now}, updated_at = {now} WHERE {fenced}"))
             },
-            purge: vec![PurgeStatements::new::<D>(t, &answers)],
+            purge,
             purge_prepared: true,
             purge_start: AtomicUsize::new(0),
-            answers_reach: AnswersReach::default(),
+            reaches,
             admin: AdminStatements::new(t, &answers),
             // The batch's upsert: each record with the status only (a status-only answer's
             // fields encode as no bytes), taking the place of a forgotten one.
@@ -344,16 +345,16 @@ impl<D: Dialect> Statements<D> {
         self.purge[0].steps.len()
     }
 
-    /// Whether step `step` of the purge is the deletion of due answers, to be run with
-    /// [`Dialect::fetch_reach`] and its reach noted with [`answers_reached`](Self::answers_reached).
+    /// Whether step `step` of the purge keeps track of where its walk reached: it is run with
+    /// [`Dialect::fetch_reach`], and what it reached noted with [`reached`](Self::reached).
     pub(crate) fn purge_step_reaches(&self, step: usize) -> bool {
-        self.answers.table().is_some() && step + 1 == self.purge_steps()
+        self.purge[0].steps[step].reaches
     }
 
-    /// Notes the latest due time among the answers a purge step deleted.
-    pub(crate) fn answers_reached(&self, reached: Option<i64>) {
+    /// Notes the latest time among the rows step `step` of the purge deleted.
+    pub(crate) fn reached(&self, step: usize, reached: Option<i64>) {
         if let Some(reached) = reached {
-            self.answers_reach.from.fetch_max(reached, Ordering::Relaxed);
+            self.reaches[step].from.fetch_max(reached, Ordering::Relaxed);
         }
     }
 
@@ -365,9 +366,9 @@ impl<D: Dialect> Statements<D> {
     pub(crate) fn purge_step(&self, step: usize, table: usize, limit: i64) -> Bound {
         let mut args = vec![Arg::Int(Some(limit))];
         if self.purge_step_reaches(step) {
-            args.push(Arg::Int(Some(self.answers_reach.start())));
+            args.push(Arg::Int(Some(self.reaches[step].start())));
         }
-        let bound = Bound::new(&self.purge[table].steps[step], args, D::now_value());
+        let bound = Bound::new(&self.purge[table].steps[step].sql, args, D::now_value());
         if self.purge_prepared { bound } else { bound.unprepared() }
     }
 }
@@ -376,17 +377,47 @@ impl<D: Dialect> Statements<D> {
 /// the dialect's batch lock.
 #[derive(Debug)]
 struct PurgeStatements {
-    steps: Vec<SqlStr>,
+    steps: Vec<PurgeStep>,
+}
+
+/// One statement of the purge, and whether it reports where its walk reached (see [`Reach`]).
+#[derive(Debug)]
+struct PurgeStep {
+    sql: SqlStr,
+    reaches: bool,
 }
 
 impl PurgeStatements {
     /// The statements on `t` (qualified and quoted), with its answers kept as `answers` says.
     fn new<D: Dialect>(t: &str, answers: &Answers) -> Self {
         let p = D::param;
-        let sql = |text: String| AssertSqlSafe(text).into_sql_str();
+        let sql = |text: String| PurgeStep { sql: AssertSqlSafe(text).into_sql_str(), reaches: false };
         // One "now" for the statement, so that the times bound the walk of their index.
         let now = D::stable_now(2);
         let expired = EXPIRED.as_str();
+        // Apart: deletes from `table` the rows whose `time` is due, walking its index from
+        // where the last walk reached (`$2`, microseconds since the epoch), and reports how many
+        // and the latest time among them. Only PostgreSQL keeps answers apart, so its SQL is
+        // written here as it is.
+        let reaching = |table: &str, time: &str| {
+            PurgeStep {
+            sql: AssertSqlSafe(format!(
+                "WITH gone AS (DELETE FROM {table} WHERE {picked} RETURNING {time}) \
+                 SELECT count(*), (EXTRACT(EPOCH FROM max({time})) * 1000000)::bigint FROM gone",
+                picked = D::purge_pick(
+                    table,
+                    &format!(
+                        "{time} >= 'epoch'::timestamptz + {from}::bigint * interval '1 microsecond' AND {time} <= {now}",
+                        from = p(2)
+                    ),
+                    time,
+                    &p(1)
+                ),
+            ))
+            .into_sql_str(),
+            reaches: true,
+        }
+        };
         let expire = |condition: &str| {
             sql(format!(
                 "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
@@ -412,32 +443,10 @@ impl PurgeStatements {
             // The answers written inline before are emptied as inline (their own index), and the
             // answers apart deleted through migration 11's index on their time, the earliest due
             // first: a walk that stops at the first answer not yet due, whatever each route keeps
-            // its answers for.
-            // The last step reports the latest due time it reached (microseconds since the
-            // epoch), from which the next walk starts (`$2`, see `AnswersReach`). Only
-            // PostgreSQL keeps answers apart, so its SQL is written here as it is.
-            Some(answers) => vec![
-                sql(format!(
-                    "DELETE FROM {t} WHERE {picked}",
-                    picked = D::purge_pick(t, &format!("forget_at <= {now}"), "forget_at", &p(1)),
-                )),
-                expire("response_headers IS NOT NULL"),
-                sql(format!(
-                    "WITH gone AS (DELETE FROM {answers} WHERE {picked} RETURNING keep_until) \
-                     SELECT count(*), {reach} FROM gone",
-                    picked = D::purge_pick(
-                        answers,
-                        &format!(
-                            "keep_until >= 'epoch'::timestamptz + {from}::bigint * interval '1 microsecond' \
-                             AND keep_until <= {now}",
-                            from = p(2)
-                        ),
-                        "keep_until",
-                        &p(1)
-                    ),
-                    reach = "(EXTRACT(EPOCH FROM max(keep_until)) * 1000000)::bigint",
-                )),
-            ],
+            // its answers for. The two walks start where they last reached.
+            Some(answers) => {
+                vec![reaching(t, "forget_at"), expire("response_headers IS NOT NULL"), reaching(answers, "keep_until")]
+            }
         };
         Self { steps }
     }
@@ -448,26 +457,27 @@ fn fenced(id: &RecordId, token: i64) -> Vec<Arg> {
     vec![Arg::Bytes(id.digest().to_vec()), Arg::Int(Some(token))]
 }
 
-/// Where the purge's walk over the due answers starts, so that it does not walk again over the
-/// answers it deleted before (a deleted row's index entry stays until vacuum, and a walk from the
-/// start over a million of them costs more than the deletes it leads to): the latest due time a
-/// purge reached. Answers written later fall due later (a response retention is never negative),
-/// so none is left behind; one that a concurrent purge had locked and then did not delete is,
-/// so every [`FULL_WALK_EVERY`]th walk starts from the beginning.
+/// Where a purge step's walk over the due rows starts (answers apart: the records past their
+/// tombstone time, and the answers past theirs), so that it does not walk again over the rows it
+/// deleted before (a deleted row's index entry stays until vacuum, and a walk from the start over
+/// a million of them costs more than the deletes it leads to): the latest time a walk reached.
+/// Rows written or moved later fall due later (each time is set as "now" plus a retention that is
+/// never negative), so none is left behind; one that a concurrent purge had locked and then did
+/// not delete is, so every [`FULL_WALK_EVERY`]th walk starts from the beginning.
 #[derive(Debug, Default)]
-struct AnswersReach {
+struct Reach {
     /// Microseconds since the epoch.
     from: AtomicI64,
     walks: AtomicUsize,
 }
 
-/// How often the walk over the due answers starts from the beginning.
+/// How often a walk over the due rows starts from the beginning.
 const FULL_WALK_EVERY: usize = 256;
 
-impl AnswersReach {
+impl Reach {
     /// Where this walk starts, in microseconds since the epoch.
     fn start(&self) -> i64 {
-        if self.walks.fetch_add(1, Ordering::Relaxed) % FULL_WALK_EVERY == 0 {
+        if self.walks.fetch_add(1, Ordering::Relaxed).is_multiple_of(FULL_WALK_EVERY) {
             0
         } else {
             self.from.load(Ordering::Relaxed)
