@@ -12,8 +12,9 @@
 -- Nothing is copied: records written before keep their answers inline and are read as before;
 -- the purge empties those through an index on them alone, which only they are ever in, and
 -- then forgets them like the rest. A store without answers_apart refuses this table (its
--- migration finds this migration in the history but not in its list), and reading a record
--- written apart it finds no status and answers 500, never an empty replay.
+-- migrate finds the answers table and reports a layout mismatch), and reading a record
+-- written apart it finds no status and refuses the request (503, the handler not run), never
+-- an empty replay.
 --
 -- On a large table the two CREATE INDEX take a lock that holds writes back while they build; to
 -- avoid that, create them first with CREATE INDEX CONCURRENTLY under these names (the migration
