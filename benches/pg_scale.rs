@@ -301,7 +301,6 @@ fn main() {
         Ok(other) => panic!("PG_SCALE_LAYOUT: `one` (the default) or `apart`, not {other:?}"),
     };
     assert!(!(apart && partitions.is_some()), "answers apart are not combined with hash partitions");
-    purge_cost::ANSWERS_APART.store(apart, std::sync::atomic::Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_scale", POOL).await;

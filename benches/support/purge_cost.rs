@@ -191,14 +191,10 @@ impl FloorTask {
     }
 }
 
-/// Whether `big` keeps its answers apart (`PG_SCALE_LAYOUT=apart`): its tombstones are then the
-/// records without an answer, and there is no UPDATE to take as their floor.
-pub static ANSWERS_APART: AtomicBool = AtomicBool::new(false);
-
 /// Records in `big`, and tombstones among them (with answers apart: every record of the fill
 /// and of the claims has an answer until the purge deletes it, so the records less the answers).
 pub async fn count(pool: &PgPool) -> (i64, i64) {
-    let sql = if ANSWERS_APART.load(Ordering::Relaxed) {
+    let sql = if crate::table_size::answers_apart(pool).await {
         "SELECT count(*), count(*) - (SELECT count(*) FROM big_answers) FROM big"
     } else {
         "SELECT count(*), count(*) FILTER (WHERE state = 'expired') FROM big"

@@ -125,7 +125,7 @@ async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &PgCpu, 
         println!("  no floor with partitions: a `ctid` names a row only within its partition");
         return;
     }
-    if purge_cost::ANSWERS_APART.load(Ordering::Relaxed) {
+    if crate::table_size::answers_apart(pool).await {
         println!("  no floor with answers apart: a tombstone is a deleted answer, not an UPDATE");
         return;
     }

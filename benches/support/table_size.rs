@@ -4,12 +4,15 @@
 
 use sqlx::PgPool;
 
+/// Whether `big` keeps its answers apart (`PostgresStore::answers_apart`): it has `big_answers`.
+pub async fn answers_apart(pool: &PgPool) -> bool {
+    sqlx::query_scalar("SELECT to_regclass('big_answers') IS NOT NULL").fetch_one(pool).await.unwrap()
+}
+
 /// Vacuums and analyses `big` (and its answers table), so that its sizes are what its rows need.
 pub async fn vacuum(pool: &PgPool) {
     sqlx::raw_sql("VACUUM (ANALYZE) big").execute(pool).await.expect("vacuum");
-    let apart: bool =
-        sqlx::query_scalar("SELECT to_regclass('big_answers') IS NOT NULL").fetch_one(pool).await.unwrap();
-    if apart {
+    if answers_apart(pool).await {
         sqlx::raw_sql("VACUUM (ANALYZE) big_answers").execute(pool).await.expect("vacuum");
     }
 }

@@ -25,13 +25,10 @@ const PROCESSING: &str = RecordState::Processing.as_str();
 /// The records table's statements, for one table in one dialect.
 #[derive(Debug)]
 pub(crate) struct Statements<D> {
-    /// The record's columns as [`RecordRow`](super::RecordRow) reads them, "now" being
-    /// parameter 2, and the `FROM` they are read from. Only PostgreSQL's atomic statements read
-    /// them.
+    /// The record's columns as [`RecordRow`](super::RecordRow) reads them (from
+    /// [`Answers::from`]), "now" being parameter 2. Only PostgreSQL's atomic statements read it.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) columns: String,
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) from: String,
     claim: SqlStr,
     read: SqlStr,
     renew: SqlStr,
@@ -76,7 +73,6 @@ impl<D: Dialect> Statements<D> {
         answers: Answers,
     ) -> Self {
         let t = table;
-        let from = answers.from(t);
         let purge = vec![PurgeStatements::new::<D>(t, &answers)];
         let reaches = purge[0].steps.iter().map(|_| Reach::default()).collect();
         let p = D::param;
@@ -139,6 +135,7 @@ impl<D: Dialect> Statements<D> {
             read: sql(format!(
                 "SELECT {columns} FROM {from} WHERE record_id = {id}",
                 columns = columns(&now),
+                from = answers.from(t),
                 id = p(1)
             )),
             mark_unknown: {
@@ -210,7 +207,6 @@ impl<D: Dialect> Statements<D> {
                     unlink = answers.unlink(),
                 ))
             },
-            from,
             answers,
             dialect: PhantomData,
         }

@@ -299,15 +299,19 @@ pub(super) struct AtomicStatements {
 }
 
 impl AtomicStatements {
-    /// The statements on `schema`.`table`, reading `columns` from `from`, answers as `answers` says.
-    pub(super) fn new(schema: &str, table: &str, columns: &str, from: &str, answers: &Answers) -> Self {
+    /// The statements on `schema`.`table`, reading `columns`, answers kept as `answers` says.
+    pub(super) fn new(schema: &str, table: &str, columns: &str, answers: &Answers) -> Self {
         let t = format!("\"{schema}\".\"{table}\"");
         let until = Pg::plus_ms("clock_timestamp()", "$8");
         let forget = Pg::plus_ms("clock_timestamp()", "$9");
         let apart = answers.record_insert(&t, &until, &forget); // Migration 11's table has had 9.
         let insert = |inline: String| AssertSqlSafe(apart.clone().unwrap_or(inline)).into_sql_str();
         Self {
-            read_template: format!("SELECT {columns} FROM {from} WHERE record_id = {}", bytea_literal("{id}")),
+            read_template: format!(
+                "SELECT {columns} FROM {} WHERE record_id = {}",
+                answers.from(&t),
+                bytea_literal("{id}")
+            ),
             primary_key: format!("{table}_pkey"),
             bare_table: table.to_owned(),
             partitions: 0,
@@ -486,7 +490,7 @@ mod tests {
     #[test]
     fn the_atomic_read_is_the_tuned_statement() {
         let statements = Statements::<super::Pg>::new("\"s\".\"t\"", "ON CONSTRAINT \"t_pkey\"", |_| String::new());
-        let atomic = AtomicStatements::new("s", "t", &statements.columns, &statements.from, &Answers::Inline);
+        let atomic = AtomicStatements::new("s", "t", &statements.columns, &Answers::Inline);
         assert_eq!(
             atomic.read_template,
             "SELECT state, fingerprint_version, fingerprint, COALESCE(fencing_token, 0), \

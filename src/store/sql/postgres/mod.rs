@@ -451,7 +451,7 @@ impl PostgresStore {
         };
         let statements = Statements::with_answers(&qualified, &conflict_target, |_| sequence.clone(), answers.clone())
             .with_partitions(&partitions);
-        let atomic = AtomicStatements::new(schema, table, &statements.columns, &statements.from, &answers);
+        let atomic = AtomicStatements::new(schema, table, &statements.columns, &answers);
         let atomic = Arc::new(atomic.partitioned(layout.partitions()));
         let records = Records { pool, mode, statements: Arc::new(statements) };
         let read_first = Arc::new(ReadFirst::new(ReadBeforeClaim::default()));
