@@ -26,7 +26,11 @@
 //!   what claiming first gives new keys;
 //! - `leased`: the layer in leased mode; the handler writes in its own transaction;
 //! - `replay`: the layer in atomic mode, every request a retry of a completed key, through a
-//!   store of its own on the same table (which, seeing only retries, reads first).
+//!   store of its own on the same table (which, seeing only retries, reads first);
+//! - `apart` and `replay apart`: `atomic` and `replay` on a records table of their own with its
+//!   answers apart (`PostgresStore::answers_apart`): `apart / atomic` is what the layout costs a
+//!   new request (the answer's row beside the record's), `replay apart / replay` what it costs a
+//!   retry (the read's join to the answer).
 //!
 //! Each scenario gets a warm-up, then `ROUNDS` measuring windows with `CONCURRENCY` keep-alive
 //! clients, one window per scenario per round, the order rotated each round. It prints
@@ -229,6 +233,18 @@ fn main() {
         // the windows of the two scenarios alternate, as no one service's traffic does.
         let replaying = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
         let with_replaying = serve(pool.clone(), Some(IdempotencyLayer::new(replaying))).await;
+        // Answers apart: a table of its own, and (as for `replay`) a store of its own for the
+        // retries.
+        let apart = || {
+            PostgresStore::new(pool.clone())
+                .table("idempotency_records_apart")
+                .unwrap()
+                .answers_apart()
+                .mode(CouplingMode::Atomic)
+        };
+        apart().migrate().await.unwrap();
+        let with_apart = serve(pool.clone(), Some(IdempotencyLayer::new(apart()))).await;
+        let with_replaying_apart = serve(pool.clone(), Some(IdempotencyLayer::new(apart()))).await;
         let scenarios = [
             Scenario::new("no layer", bare, unique("bare")),
             Scenario::new("floor", floor, unique("floor")),
@@ -240,6 +256,9 @@ fn main() {
             Scenario::new("leased", with_leased, unique("leased")),
             // Retries of 1000 keys the atomic scenario completed in its warm-up.
             Scenario::new("replay", with_replaying, Arc::new(|n| format!("atomic-{}", n % 1000))),
+            Scenario::new("apart", with_apart, unique("apart")),
+            // Retries of 1000 keys the apart scenario completed in its warm-up.
+            Scenario::new("replay apart", with_replaying_apart, Arc::new(|n| format!("apart-{}", n % 1000))),
         ];
         for scenario in &scenarios {
             scenario.drive(WARM_UP).await;
@@ -282,8 +301,10 @@ fn main() {
                 m.requests()
             );
         }
-        let [bare, floor, floor_read, floor_prepared, memory, atomic, reading, leased, replay] = &results[..] else {
-            unreachable!("nine scenarios")
+        let [bare, floor, floor_read, floor_prepared, memory, atomic, reading, leased, replay, apart, replay_apart] =
+            &results[..]
+        else {
+            unreachable!("eleven scenarios")
         };
         for (label, numerator, denominator, aim) in [
             ("atomic / no layer", atomic, bare, Some(0.75)),
@@ -298,6 +319,9 @@ fn main() {
             ("atomic / floor+prep", atomic, floor_prepared, None),
             ("atomic / leased  ", atomic, leased, Some(1.2)),
             ("replay / atomic  ", replay, atomic, Some(2.0)),
+            ("apart / atomic   ", apart, atomic, None),
+            ("apart / floor    ", apart, floor, None),
+            ("replay apart / replay", replay_apart, replay, None),
         ] {
             let overall = numerator.throughput() / denominator.throughput();
             let (median, low, high) = ratio_over_rounds(numerator, denominator);
@@ -319,6 +343,10 @@ fn main() {
             ("atomic / no layer", atomic, bare, None),
             ("floor / no layer ", floor, bare, None),
             ("replay / no layer", replay, bare, Some(0.5)),
+            ("apart / atomic   ", apart, atomic, None),
+            ("apart / floor    ", apart, floor, Some(1.15)),
+            ("replay apart / replay", replay_apart, replay, None),
+            ("replay apart / no layer", replay_apart, bare, Some(0.5)),
         ] {
             let mut line = format!("{label} :");
             for (measure, what) in [(Cpu::Database, "db"), (Cpu::Server, "server")] {
