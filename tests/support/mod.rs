@@ -229,6 +229,16 @@ pub async fn pg_apart_store(mode: tower_idempotency::CouplingMode) -> tower_idem
     store.migrate().await.expect("migrate");
     store
 }
+
+/// A migrated PostgreSQL store in a schema of its own, its table hash partitioned into
+/// [`TEST_PARTITIONS`] partitions and its answers apart.
+#[cfg(feature = "postgres")]
+pub async fn pg_partitioned_apart_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
+    let store = pg_partitioned_store(mode).await;
+    let store = store.answers_apart();
+    store.migrate().await.expect("migrate to answers apart");
+    store
+}
 pub mod server;
 #[cfg(feature = "axum")]
 pub mod storm;

@@ -192,6 +192,13 @@ pub(crate) trait Dialect: std::fmt::Debug + Clone + Send + Sync + 'static {
         conn: &mut <Self::Db as Database>::Connection,
         statement: Bound,
     ) -> impl Future<Output = Result<(i64, Option<i64>), sqlx::Error>> + Send;
+
+    /// Runs a statement that returns one integer a row, and returns them (the purge's probe of
+    /// which partitions have rows due).
+    fn fetch_ints(
+        conn: &mut <Self::Db as Database>::Connection,
+        statement: Bound,
+    ) -> impl Future<Output = Result<Vec<i64>, sqlx::Error>> + Send;
 }
 
 /// The part of a [`Dialect`] that is the same code for every database, but over its own
@@ -254,6 +261,14 @@ macro_rules! run_bound_statements {
             use sqlx::Row;
             let row = bind(statement).fetch_one(conn).await?;
             Ok((row.try_get(0)?, row.try_get(1)?))
+        }
+
+        async fn fetch_ints(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            statement: $crate::store::sql::dialect::Bound,
+        ) -> Result<Vec<i64>, sqlx::Error> {
+            use sqlx::Row;
+            bind(statement).fetch_all(conn).await?.iter().map(|row| row.try_get(0)).collect()
         }
     };
 }

@@ -13,6 +13,7 @@ mod leased;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+mod purge;
 pub(crate) mod shadow;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -233,23 +234,40 @@ impl<D: Dialect> Records<D> {
 
     /// Turns records past their retention into tombstones and deletes tombstones past theirs,
     /// at most `limit` records in all. The deletes come first; on a partitioned table each step
-    /// walks the partitions one statement at a time (starting one further on each call) until
-    /// the limit is spent.
+    /// first asks, in one statement, which partitions have rows due, then walks those one
+    /// statement at a time (starting one further on each call) until the limit is spent.
     pub(crate) async fn purge(&self, limit: usize) -> Result<usize, StoreError> {
         let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
-        let (tables, start) = self.statements.purge_walk();
+        let purge = self.statements.purge();
+        let start = purge.start();
         let mut purged = 0u64;
-        for step in 0..self.statements.purge_steps() {
+        for step in 0..purge.steps() {
+            if left == 0 && purge.partitioned() {
+                break;
+            }
+            let froms = purge.froms(step);
+            let tables = purge.tables(step);
+            // On partitions, only those with rows due (one probe for all of them).
+            let due = match purge.probe(step, &froms) {
+                Some(probe) => {
+                    let mut conn = self.pool.acquire().await.map_err(unavailable)?;
+                    Some(D::fetch_ints(&mut conn, probe).await.map_err(unavailable)?)
+                }
+                None => None,
+            };
             for table in (0..tables).map(|i| (start + i) % tables) {
                 // One table: every step runs, as it always has, even with nothing left.
-                if left == 0 && tables > 1 {
+                if left == 0 && purge.partitioned() {
                     break;
                 }
-                let statement = self.statements.purge_step(step, table, left);
-                let n = if self.statements.purge_step_reaches(step) {
+                if due.as_ref().is_some_and(|due| !due.contains(&(table as i64))) {
+                    continue;
+                }
+                let statement = purge.bound::<D>(step, table, left, froms[table]);
+                let n = if purge.reaches(step, table) {
                     let mut conn = self.pool.acquire().await.map_err(unavailable)?;
                     let (n, reached) = D::fetch_reach(&mut conn, statement).await.map_err(unavailable)?;
-                    self.statements.reached(step, reached);
+                    purge.reached(step, table, reached);
                     u64::try_from(n).unwrap_or(0)
                 } else {
                     self.execute(statement).await.map_err(unavailable)?

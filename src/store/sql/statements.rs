@@ -5,7 +5,6 @@
 //! statement's last parameter, so that one statement compares against one instant.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
@@ -13,11 +12,12 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 use super::admin::AdminStatements;
 use super::answers::Answers;
 use super::dialect::{Arg, Bound, Dialect};
+use super::purge::Purge;
 
 use crate::key::RecordId;
 use crate::record::{RecordState, StoredResponse};
 use crate::store::admin::kept_operation;
-use crate::store::decide::{ABANDONED, EXPIRED};
+use crate::store::decide::ABANDONED;
 use crate::store::{BeginRequest, Retention, ShadowEntry, StaleLeasePolicy};
 
 const PROCESSING: &str = RecordState::Processing.as_str();
@@ -36,20 +36,11 @@ pub(crate) struct Statements<D> {
     finish: SqlStr,
     release: SqlStr,
     abandon: SqlStr,
-    /// The purge's statements for each table it walks: the records table, or each of its
-    /// partitions ([`with_partitions`](Self::with_partitions)).
-    purge: Vec<PurgeStatements>,
+    /// The purge's statements, on the records table or each of its partitions
+    /// ([`with_partitions`](Self::with_partitions)).
+    purge: Purge,
     /// Where the answers are kept, which the purge's statements depend on.
     answers: Answers,
-    /// Whether the purge's statements are prepared and kept on the connection (not when there
-    /// is a pair for each partition: they would crowd the claims' statements out of the
-    /// connection's cache).
-    purge_prepared: bool,
-    /// Where the next purge starts walking the partitions, so that a purge whose limit runs out
-    /// early does not always favour the first ones.
-    purge_start: AtomicUsize,
-    /// For each step of the purge, where its walk starts, if it keeps track (see [`Reach`]).
-    reaches: Vec<Reach>,
     /// The admin and recovery statements.
     pub(crate) admin: AdminStatements<D>,
     /// Shadow mode's write (see [`shadow_batch`](Self::shadow_batch)).
@@ -73,8 +64,7 @@ impl<D: Dialect> Statements<D> {
         answers: Answers,
     ) -> Self {
         let t = table;
-        let purge = vec![PurgeStatements::new::<D>(t, &answers)];
-        let reaches = purge[0].steps.iter().map(|_| Reach::default()).collect();
+        let purge = Purge::new::<D>(&[t.to_owned()], &answers);
         let p = D::param;
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
         let columns = |now: &str| {
@@ -172,9 +162,6 @@ impl<D: Dialect> Statements<D> {
                 sql(format!("UPDATE {t} SET lease_until = {now}, updated_at = {now} WHERE {fenced}"))
             },
             purge,
-            purge_prepared: true,
-            purge_start: AtomicUsize::new(0),
-            reaches,
             admin: AdminStatements::new(t, &answers),
             // The batch's upsert: each record with the status only (a status-only answer's
             // fields encode as no bytes), taking the place of a forgotten one.
@@ -322,161 +309,18 @@ impl<D: Dialect> Statements<D> {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn with_partitions(mut self, partitions: &[String]) -> Self {
         if !partitions.is_empty() {
-            self.purge =
-                partitions.iter().map(|partition| PurgeStatements::new::<D>(partition, &self.answers)).collect();
-            self.purge_prepared = false;
+            self.purge = Purge::new::<D>(partitions, &self.answers);
         }
         self
     }
 
-    /// How many tables the purge walks (the records table, or its partitions), and where this
-    /// purge starts.
-    pub(crate) fn purge_walk(&self) -> (usize, usize) {
-        let n = self.purge.len();
-        (n, self.purge_start.fetch_add(1, Ordering::Relaxed) % n)
-    }
-
-    /// How many steps a purge takes on each table, in order (see [`purge_step`](Self::purge_step)).
-    pub(crate) fn purge_steps(&self) -> usize {
-        self.purge[0].steps.len()
-    }
-
-    /// Whether step `step` of the purge keeps track of where its walk reached: it is run with
-    /// [`Dialect::fetch_reach`], and what it reached noted with [`reached`](Self::reached).
-    pub(crate) fn purge_step_reaches(&self, step: usize) -> bool {
-        self.purge[0].steps[step].reaches
-    }
-
-    /// Notes the latest time among the rows step `step` of the purge deleted.
-    pub(crate) fn reached(&self, step: usize, reached: Option<i64>) {
-        if let Some(reached) = reached {
-            self.reaches[step].from.fetch_max(reached, Ordering::Relaxed);
-        }
-    }
-
-    /// Step `step` of the purge on its table number `table` (see
-    /// [`purge_walk`](Self::purge_walk)), for at most `limit` records: first, delete the records
-    /// past their tombstone time; then make tombstones of the records whose answer's retention
-    /// is over (inline: the answer's columns emptied; apart, the answers written inline before,
-    /// then the answers themselves, the earliest due first).
-    pub(crate) fn purge_step(&self, step: usize, table: usize, limit: i64) -> Bound {
-        let mut args = vec![Arg::Int(Some(limit))];
-        if self.purge_step_reaches(step) {
-            args.push(Arg::Int(Some(self.reaches[step].start())));
-        }
-        let bound = Bound::new(&self.purge[table].steps[step].sql, args, D::now_value());
-        if self.purge_prepared { bound } else { bound.unprepared() }
-    }
-}
-
-/// The purge's statements on one table, in the order they run: bounded batches, picked with
-/// the dialect's batch lock.
-#[derive(Debug)]
-struct PurgeStatements {
-    steps: Vec<PurgeStep>,
-}
-
-/// One statement of the purge, and whether it reports where its walk reached (see [`Reach`]).
-#[derive(Debug)]
-struct PurgeStep {
-    sql: SqlStr,
-    reaches: bool,
-}
-
-impl PurgeStatements {
-    /// The statements on `t` (qualified and quoted), with its answers kept as `answers` says.
-    fn new<D: Dialect>(t: &str, answers: &Answers) -> Self {
-        let p = D::param;
-        let sql = |text: String| PurgeStep { sql: AssertSqlSafe(text).into_sql_str(), reaches: false };
-        // One "now" for the statement, so that the times bound the walk of their index.
-        let now = D::stable_now(2);
-        let expired = EXPIRED.as_str();
-        // Apart: deletes from `table` the rows whose `time` is due, walking its index from
-        // where the last walk reached (`$2`, microseconds since the epoch), and reports how many
-        // and the latest time among them. Only PostgreSQL keeps answers apart, so its SQL is
-        // written here as it is.
-        let reaching = |table: &str, time: &str| {
-            PurgeStep {
-            sql: AssertSqlSafe(format!(
-                "WITH gone AS (DELETE FROM {table} WHERE {picked} RETURNING {time}) \
-                 SELECT count(*), (EXTRACT(EPOCH FROM max({time})) * 1000000)::bigint FROM gone",
-                picked = D::purge_pick(
-                    table,
-                    &format!(
-                        "{time} >= 'epoch'::timestamptz + {from}::bigint * interval '1 microsecond' AND {time} <= {now}",
-                        from = p(2)
-                    ),
-                    time,
-                    &p(1)
-                ),
-            ))
-            .into_sql_str(),
-            reaches: true,
-        }
-        };
-        let expire = |condition: &str| {
-            sql(format!(
-                "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
-                     response_body = NULL, updated_at = {now} \
-                 WHERE {picked}",
-                picked = D::purge_pick(t, &format!("{condition} AND response_until <= {now}"), "response_until", &p(1)),
-            ))
-        };
-        let steps = match answers.table() {
-            // Tombstones only: a record reaches its tombstone time as one (its response retention
-            // ends first and the next statement makes it one), and PostgreSQL's index covers only
-            // them.
-            None => vec![
-                sql(format!(
-                    "DELETE FROM {t} WHERE {picked}",
-                    picked =
-                        D::purge_pick(t, &format!("state = '{expired}' AND forget_at <= {now}"), "forget_at", &p(1)),
-                )),
-                expire(&format!("state <> '{expired}'")),
-            ],
-            // Apart, a record is never written to become a tombstone, so every record past its
-            // tombstone time goes, whatever its state says (migration 11's index covers them all).
-            // The answers written inline before are emptied as inline (their own index), and the
-            // answers apart deleted through migration 11's index on their time, the earliest due
-            // first: a walk that stops at the first answer not yet due, whatever each route keeps
-            // its answers for. The two walks start where they last reached.
-            Some(answers) => {
-                vec![reaching(t, "forget_at"), expire("response_headers IS NOT NULL"), reaching(answers, "keep_until")]
-            }
-        };
-        Self { steps }
+    /// The purge's statements (see [`Purge`]).
+    pub(crate) fn purge(&self) -> &Purge {
+        &self.purge
     }
 }
 
 /// The arguments that pick a claim's own record: its identity and fencing token.
 fn fenced(id: &RecordId, token: i64) -> Vec<Arg> {
     vec![Arg::Bytes(id.digest().to_vec()), Arg::Int(Some(token))]
-}
-
-/// Where a purge step's walk over the due rows starts (answers apart: the records past their
-/// tombstone time, and the answers past theirs), so that it does not walk again over the rows it
-/// deleted before (a deleted row's index entry stays until vacuum, and a walk from the start over
-/// a million of them costs more than the deletes it leads to): the latest time a walk reached.
-/// Rows written or moved later fall due later (each time is set as "now" plus a retention that is
-/// never negative), so none is left behind; one that a concurrent purge had locked and then did
-/// not delete is, so every [`FULL_WALK_EVERY`]th walk starts from the beginning.
-#[derive(Debug, Default)]
-struct Reach {
-    /// Microseconds since the epoch.
-    from: AtomicI64,
-    walks: AtomicUsize,
-}
-
-/// How often a walk over the due rows starts from the beginning.
-const FULL_WALK_EVERY: usize = 256;
-
-impl Reach {
-    /// Where this walk starts, in microseconds since the epoch.
-    fn start(&self) -> i64 {
-        if self.walks.fetch_add(1, Ordering::Relaxed).is_multiple_of(FULL_WALK_EVERY) {
-            0
-        } else {
-            self.from.load(Ordering::Relaxed)
-        }
-    }
 }

@@ -170,8 +170,12 @@
 //!   keep their answers inline, replay from them and are made tombstones in place.
 //! - **One way**: once migrated, every store on the table must say `answers_apart`
 //!   (`migrate` refuses one that does not, with a [`LayoutMismatch`]; one that never migrates
-//!   fails a request for a record written apart rather than replay an empty answer). Not
-//!   combined with [`hash_partitions`](PostgresStore::hash_partitions).
+//!   fails a request for a record written apart rather than replay an empty answer).
+//! - **With [`hash_partitions`](PostgresStore::hash_partitions)** (the two options combine, in
+//!   either order): the records are partitioned and the answers are one table beside them.
+//!   Migration 11 runs on the partitioned table as it is (its column, indexes and check go to
+//!   every partition). The purge walks each partition's records past their tombstone time, each
+//!   walk starting where that partition's last walk reached, and the answers table once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -212,7 +216,7 @@ const MIGRATION_0011: &str = include_str!("../../../../migrations/postgres/0011_
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
 #[derive(Debug, Clone, Copy)]
-struct Pg;
+pub(crate) struct Pg;
 
 impl Dialect for Pg {
     type Db = Postgres;
@@ -318,7 +322,7 @@ impl std::fmt::Debug for PostgresStore {
 impl PostgresStore {
     /// An atomic-mode store over `pool`, in schema `public`, table `idempotency_records`.
     pub fn new(pool: PgPool) -> Self {
-        Self::build(pool, CouplingMode::Atomic, "public", "idempotency_records", Layout::Table)
+        Self::build(pool, CouplingMode::Atomic, "public", "idempotency_records", Layout::default())
     }
 
     /// The schema that holds the table (created by [`migrate`](Self::migrate) if missing).
@@ -338,6 +342,7 @@ impl PostgresStore {
     /// (see [Hash partitions](self#hash-partitions)). [`migrate`](Self::migrate) creates the
     /// table so; it refuses a table that already exists with another layout, one table or
     /// another count ([`LayoutMismatch`]). Every store on the table must say the same count.
+    /// It combines with [`answers_apart`](Self::answers_apart), in either order.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -350,15 +355,16 @@ impl PostgresStore {
     /// # drop(layer); Ok(()) }
     /// ```
     pub fn hash_partitions(self, partitions: u16) -> Result<Self, InvalidPartitions> {
-        let layout = partitions::check_count(partitions)?;
-        Ok(self.rebuilt(&self.schema, &self.table, layout))
+        let partitions = partitions::check_count(partitions)?;
+        Ok(self.rebuilt(&self.schema, &self.table, self.layout.with_partitions(partitions)))
     }
 
     /// Keeps each record's answer in a table of its own, `<table>_answers`, so that a record
     /// past its response retention becomes a tombstone without being written (see
     /// [Answers apart](self#answers-apart)). [`migrate`](Self::migrate) adds it to a new or
-    /// existing records table; from then on every store on the table must say so. It replaces
-    /// [`hash_partitions`](Self::hash_partitions) if both are called.
+    /// existing records table, one table or hash partitioned; from then on every store on the
+    /// table must say so. It combines with [`hash_partitions`](Self::hash_partitions), in
+    /// either order.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -371,7 +377,7 @@ impl PostgresStore {
     /// # drop(layer); Ok(()) }
     /// ```
     pub fn answers_apart(self) -> Self {
-        self.rebuilt(&self.schema, &self.table, Layout::AnswersApart)
+        self.rebuilt(&self.schema, &self.table, self.layout.with_answers_apart())
     }
 
     /// When an atomic claim reads the request's record first: [`ReadBeforeClaim::Adaptive`]
@@ -403,17 +409,17 @@ impl PostgresStore {
     /// repeatedly; its history is kept in `<schema>._<table>_migrations`, apart from the
     /// application's own sqlx migrations.
     ///
-    /// If the table exists and is not laid out as the store is configured (one table, one table
-    /// with [`answers_apart`](Self::answers_apart), or [`hash_partitions`](Self::hash_partitions)
-    /// with the same count), it changes nothing and
+    /// If the table exists and is not laid out as the store is configured (one table or
+    /// [`hash_partitions`](Self::hash_partitions) with the same count; its answers apart if it
+    /// was migrated with [`answers_apart`](Self::answers_apart)), it changes nothing and
     /// fails with [`MigrateError::Source`](sqlx::migrate::MigrateError::Source) holding a
     /// [`LayoutMismatch`].
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         let (schema, table) = (&self.schema, &self.table);
         partitions::check_layout(&self.records.pool, schema, table, self.layout).await?;
-        let create_records = match self.layout {
-            Layout::Table | Layout::AnswersApart => MIGRATION_0001.to_owned(),
-            Layout::HashPartitions(n) => partitions::create_records(MIGRATION_0001, n),
+        let create_records = match self.layout.partitions() {
+            0 => MIGRATION_0001.to_owned(),
+            n => partitions::create_records(MIGRATION_0001, n),
         };
         let sql = [create_records.as_str(), MIGRATION_0002, MIGRATION_0003]
             .map(|sql| sql.replace("{schema}", schema).replace("{table}", table));
@@ -425,7 +431,7 @@ impl PostgresStore {
             (9, "compact records", named(MIGRATION_0009)),
             (10, "tombstone forget index", named(MIGRATION_0010)),
         ];
-        if self.layout == Layout::AnswersApart {
+        if self.layout.answers_apart() {
             later.push((11, "answers apart", named(MIGRATION_0011)));
         }
         let mut migrator = migrator(sql, later, format!("\"{schema}\".\"_{table}_migrations\""));
@@ -445,9 +451,10 @@ impl PostgresStore {
         let partitions: Vec<String> = (0..layout.partitions())
             .map(|remainder| format!("\"{schema}\".\"{}\"", partitions::partition_name(table, remainder)))
             .collect();
-        let answers = match layout {
-            Layout::AnswersApart => Answers::Apart(format!("\"{schema}\".\"{table}_answers\"")),
-            Layout::Table | Layout::HashPartitions(_) => Answers::Inline,
+        let answers = if layout.answers_apart() {
+            Answers::Apart(format!("\"{schema}\".\"{table}_answers\""))
+        } else {
+            Answers::Inline
         };
         let statements = Statements::with_answers(&qualified, &conflict_target, |_| sequence.clone(), answers.clone())
             .with_partitions(&partitions);

@@ -18,31 +18,43 @@ pub const MIN_PARTITIONS: u16 = 2;
 /// The most partitions [`PostgresStore::hash_partitions`](super::PostgresStore::hash_partitions) takes.
 pub const MAX_PARTITIONS: u16 = 1024;
 
-/// How a store's records table is laid out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Layout {
-    /// One table (the default).
-    Table,
-    /// `PARTITION BY HASH (record_id)` into this many partitions.
-    HashPartitions(u16),
-    /// One table, its answers in `<table>_answers` (migration 11).
-    AnswersApart,
+/// How a store's records table is laid out: one table or hash partitions, its answers inline or
+/// apart. The two choices are independent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Layout {
+    /// `PARTITION BY HASH (record_id)` into this many partitions (0: one table, the default).
+    partitions: u16,
+    /// Its answers in `<table>_answers` (migration 11).
+    answers_apart: bool,
 }
 
 impl Layout {
     /// How many partitions the table has (0: it is one table).
     pub(super) fn partitions(self) -> u16 {
-        match self {
-            Layout::Table | Layout::AnswersApart => 0,
-            Layout::HashPartitions(n) => n,
-        }
+        self.partitions
+    }
+
+    /// Whether its answers are apart.
+    pub(super) fn answers_apart(self) -> bool {
+        self.answers_apart
+    }
+
+    /// The same layout, hash partitioned into `partitions` (checked by [`check_count`]).
+    pub(super) fn with_partitions(self, partitions: u16) -> Self {
+        Self { partitions, ..self }
+    }
+
+    /// The same layout, its answers apart.
+    pub(super) fn with_answers_apart(self) -> Self {
+        Self { answers_apart: true, ..self }
     }
 
     fn describe(self) -> String {
-        match self {
-            Layout::Table => "one table (no hash_partitions)".to_owned(),
-            Layout::HashPartitions(n) => format!("hash_partitions({n})"),
-            Layout::AnswersApart => "answers_apart".to_owned(),
+        match (self.partitions, self.answers_apart) {
+            (0, false) => "one table (no hash_partitions)".to_owned(),
+            (0, true) => "answers_apart".to_owned(),
+            (n, false) => format!("hash_partitions({n})"),
+            (n, true) => format!("hash_partitions({n}) with answers_apart"),
         }
     }
 }
@@ -71,9 +83,9 @@ impl InvalidPartitions {
 }
 
 /// Checks a requested partition count.
-pub(super) fn check_count(requested: u16) -> Result<Layout, InvalidPartitions> {
+pub(super) fn check_count(requested: u16) -> Result<u16, InvalidPartitions> {
     if (MIN_PARTITIONS..=MAX_PARTITIONS).contains(&requested) {
-        Ok(Layout::HashPartitions(requested))
+        Ok(requested)
     } else {
         Err(InvalidPartitions { requested })
     }
@@ -159,8 +171,8 @@ pub(super) fn create_records(create_records: &str, partitions: u16) -> String {
 
 /// Checks that the table `schema`.`table`, if it exists, is laid out as `layout` says: one
 /// table, or hash partitioned on `record_id` into that many partitions. A table that does not
-/// exist yet passes (the migration creates it). One table whose answers are apart
-/// (`<table>_answers` exists) is refused to a store without them; a store with them takes one
+/// exist yet passes (the migration creates it). A table whose answers are apart
+/// (`<table>_answers` exists) is refused to a store without them; a store with them takes its
 /// table either way (its migration moves it to answers apart).
 pub(super) async fn check_layout(
     pool: &PgPool,
@@ -180,18 +192,21 @@ pub(super) async fn check_layout(
     .fetch_optional(pool)
     .await?;
     let Some((kind, key, count, apart)) = found else { return Ok(()) };
-    let matches = match (layout, kind.as_str(), key.as_deref()) {
-        (Layout::Table, "r", _) => !apart,
-        (Layout::AnswersApart, "r", _) => true,
-        (Layout::HashPartitions(n), "p", Some("HASH (record_id)")) => count == i64::from(n),
+    let partitions_match = match (layout.partitions, kind.as_str(), key.as_deref()) {
+        (0, "r", _) => true,
+        (n, "p", Some("HASH (record_id)")) => count == i64::from(n),
         _ => false,
     };
+    let matches = partitions_match && (layout.answers_apart || !apart);
     if matches {
         return Ok(());
     }
     let found = match (kind.as_str(), key) {
         ("r", _) if apart => "one table with its answers apart (answers_apart)".to_owned(),
         ("r", _) => "one table, not partitioned".to_owned(),
+        ("p", Some(key)) if key == "HASH (record_id)" && apart => {
+            format!("hash partitioned into {count} partitions with its answers apart (answers_apart)")
+        }
         ("p", Some(key)) if key == "HASH (record_id)" => format!("hash partitioned into {count} partitions"),
         ("p", Some(key)) => format!("partitioned by {key} into {count} partitions"),
         (kind, _) => format!("not a table (pg_class.relkind {kind:?})"),
@@ -246,7 +261,7 @@ mod tests {
         assert_eq!(check_count(1), Err(InvalidPartitions { requested: 1 }));
         assert_eq!(check_count(0).unwrap_err().requested(), 0);
         assert_eq!(check_count(1025).unwrap_err().requested(), 1025);
-        assert_eq!(check_count(2), Ok(Layout::HashPartitions(2)));
-        assert_eq!(check_count(1024), Ok(Layout::HashPartitions(1024)));
+        assert_eq!(check_count(2), Ok(2));
+        assert_eq!(check_count(1024), Ok(1024));
     }
 }

@@ -1,0 +1,265 @@
+//! The purge's statements: the steps it takes, in order, each a statement for every table it
+//! walks (the records table or each of its partitions; the answers table, when answers are
+//! apart), run in bounded batches picked with the dialect's batch lock.
+//!
+//! - **Answers inline** (every store's default): delete the tombstones past their tombstone
+//!   time, then make tombstones of the records past their response retention (the answer's
+//!   columns emptied in place).
+//! - **Answers apart**: delete every record past its tombstone time (a record is never written
+//!   to become a tombstone, so whatever its state says), empty in place the answers written
+//!   inline before the layout, then delete the answers that are due, the earliest due first.
+//!   The first and last walks start where they last reached ([`Reach`]); the answers table is
+//!   walked once, however many partitions the records have.
+//!
+//! On partitions, a step first asks which partitions have rows due, all in one statement
+//! ([`Purge::probe`]), and sends its statement only to those: a purge that sent one statement
+//! to each of 64 partitions for each step spent its time on the partitions with nothing due.
+
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use super::answers::Answers;
+use super::dialect::{Arg, Bound, Dialect};
+use crate::store::decide::EXPIRED;
+
+/// The purge's statements, step by step and table by table.
+#[derive(Debug)]
+pub(crate) struct Purge {
+    /// For each step, in the order they run, its statement on each table it walks.
+    steps: Vec<Vec<PurgeStep>>,
+    /// Whether the statements are prepared and kept on the connection (not when there are
+    /// statements for each partition: they would crowd the claims' statements out of the
+    /// connection's cache).
+    prepared: bool,
+    /// Where the next purge starts walking the partitions, so that a purge whose limit runs out
+    /// early does not always favour the first ones.
+    start: AtomicUsize,
+}
+
+/// One statement of the purge on one table, what it finds due there, and where its walk
+/// reached, if it keeps track.
+#[derive(Debug)]
+struct PurgeStep {
+    /// The table (qualified and quoted).
+    table: String,
+    /// The condition of the rows due, with `{from}` where a reaching walk starts.
+    due: String,
+    sql: SqlStr,
+    reach: Option<Reach>,
+}
+
+impl Purge {
+    /// The purge of `records` (qualified and quoted: the records table, or each of its
+    /// partitions), its answers kept as `answers` says.
+    pub(crate) fn new<D: Dialect>(records: &[String], answers: &Answers) -> Self {
+        let each = |step: fn(&str) -> PurgeStep| records.iter().map(|t| step(t)).collect::<Vec<_>>();
+        let steps = match answers.table() {
+            None => vec![each(delete_tombstones::<D>), each(expire_live::<D>)],
+            Some(answers) => vec![
+                each(|t| reaching::<D>(t, "forget_at")),
+                each(|t| expire::<D>(t, "response_headers IS NOT NULL")),
+                vec![reaching::<D>(answers, "keep_until")],
+            ],
+        };
+        Self { steps, prepared: records.len() == 1, start: AtomicUsize::new(0) }
+    }
+
+    /// Where this purge starts walking each step's tables (taken modulo their count).
+    pub(crate) fn start(&self) -> usize {
+        self.start.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// How many steps a purge takes, in order.
+    pub(crate) fn steps(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// How many tables step `step` walks.
+    pub(crate) fn tables(&self, step: usize) -> usize {
+        self.steps[step].len()
+    }
+
+    /// Whether the records are partitioned (the purge then stops walking a step's tables once
+    /// its limit is spent; on one table every step runs, as it always has).
+    pub(crate) fn partitioned(&self) -> bool {
+        self.steps[0].len() > 1
+    }
+
+    /// Where this purge's walk of step `step` starts on each of its tables, in microseconds
+    /// since the epoch (0 for a step that does not keep track, or a walk from the beginning).
+    pub(crate) fn froms(&self, step: usize) -> Vec<i64> {
+        self.steps[step].iter().map(|table| table.reach.as_ref().map_or(0, Reach::start)).collect()
+    }
+
+    /// For a step that walks several tables (the partitions), one statement that returns the
+    /// number of each table with rows due from `froms` (see [`froms`](Self::froms)), so that
+    /// the purge sends its statement only to those: one probe of each partition's index in one
+    /// round trip, instead of a statement for each partition, most of which find nothing.
+    /// `None` for a step on one table. Only PostgreSQL partitions, so its SQL is written here.
+    pub(crate) fn probe(&self, step: usize, froms: &[i64]) -> Option<Bound> {
+        let tables = &self.steps[step];
+        if tables.len() < 2 {
+            return None;
+        }
+        let sql = tables
+            .iter()
+            .zip(froms)
+            .enumerate()
+            .map(|(n, (table, from))| {
+                format!(
+                    "SELECT {n}::bigint WHERE EXISTS (SELECT 1 FROM {t} WHERE {due})",
+                    t = table.table,
+                    due = table.due.replace("{from}", &from.to_string())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        Some(Bound::new(&AssertSqlSafe(sql).into_sql_str(), vec![], None).unprepared())
+    }
+
+    /// Whether step `step` on table `table` keeps track of where its walk reached: it is run
+    /// with [`Dialect::fetch_reach`], and what it reached noted with [`reached`](Self::reached).
+    pub(crate) fn reaches(&self, step: usize, table: usize) -> bool {
+        self.steps[step][table].reach.is_some()
+    }
+
+    /// Notes the latest time among the rows step `step` deleted from table `table`.
+    pub(crate) fn reached(&self, step: usize, table: usize, reached: Option<i64>) {
+        if let (Some(reach), Some(reached)) = (&self.steps[step][table].reach, reached) {
+            reach.from.fetch_max(reached, Ordering::Relaxed);
+        }
+    }
+
+    /// Step `step` of the purge on its table number `table`, for at most `limit` rows, its walk
+    /// starting at `from` (see [`froms`](Self::froms)).
+    pub(crate) fn bound<D: Dialect>(&self, step: usize, table: usize, limit: i64, from: i64) -> Bound {
+        let statement = &self.steps[step][table];
+        let mut args = vec![Arg::Int(Some(limit))];
+        if statement.reach.is_some() {
+            args.push(Arg::Int(Some(from)));
+        }
+        let bound = Bound::new(&statement.sql, args, D::now_value());
+        if self.prepared { bound } else { bound.unprepared() }
+    }
+}
+
+impl PurgeStep {
+    /// The statement `sql` on `table`, for the rows that meet `due`.
+    fn new(table: &str, due: String, sql: String, reaches: bool) -> Self {
+        let sql = AssertSqlSafe(sql).into_sql_str();
+        Self { table: table.to_owned(), due, sql, reach: reaches.then(Reach::default) }
+    }
+}
+
+/// Inline: deletes from `t` the tombstones past their tombstone time. A record reaches that
+/// time as one (its response retention ends first and [`expire_live`] makes it one), and
+/// PostgreSQL's index covers only them.
+fn delete_tombstones<D: Dialect>(t: &str) -> PurgeStep {
+    // One "now" for the statement, so that the times bound the walk of their index.
+    let now = D::stable_now(2);
+    let due = format!("state = '{}' AND forget_at <= {now}", EXPIRED.as_str());
+    let sql = format!("DELETE FROM {t} WHERE {picked}", picked = D::purge_pick(t, &due, "forget_at", &D::param(1)));
+    PurgeStep::new(t, due, sql, false)
+}
+
+/// Inline: makes tombstones of the records past their response retention.
+fn expire_live<D: Dialect>(t: &str) -> PurgeStep {
+    expire::<D>(t, &format!("state <> '{}'", EXPIRED.as_str()))
+}
+
+/// Makes tombstones in place, in `t`, of the records past their response retention that meet
+/// `condition`: their answer's columns emptied.
+fn expire<D: Dialect>(t: &str, condition: &str) -> PurgeStep {
+    let now = D::stable_now(2);
+    let due = format!("{condition} AND response_until <= {now}");
+    let sql = format!(
+        "UPDATE {t} SET state = '{expired}', response_status = NULL, response_headers = NULL, \
+             response_body = NULL, updated_at = {now} \
+         WHERE {picked}",
+        expired = EXPIRED.as_str(),
+        picked = D::purge_pick(t, &due, "response_until", &D::param(1)),
+    );
+    PurgeStep::new(t, due, sql, false)
+}
+
+/// Apart: deletes from `table` the rows whose `time` is due, walking its index from where the
+/// last walk reached (`$2`, microseconds since the epoch), and reports how many and the latest
+/// time among them. Only PostgreSQL keeps answers apart, so its SQL is written here as it is.
+fn reaching<D: Dialect>(table: &str, time: &str) -> PurgeStep {
+    let now = D::stable_now(2);
+    let due =
+        format!("{time} >= 'epoch'::timestamptz + {{from}}::bigint * interval '1 microsecond' AND {time} <= {now}");
+    let sql = format!(
+        "WITH gone AS (DELETE FROM {table} WHERE {picked} RETURNING {time}) \
+         SELECT count(*), (EXTRACT(EPOCH FROM max({time})) * 1000000)::bigint FROM gone",
+        picked = D::purge_pick(table, &due.replace("{from}", &D::param(2)), time, &D::param(1)),
+    );
+    PurgeStep::new(table, due, sql, true)
+}
+
+/// Where a purge step's walk over the due rows of one table starts (answers apart: the records
+/// past their tombstone time, and the answers past theirs), so that it does not walk again over
+/// the rows it deleted before (a deleted row's index entry stays until vacuum, and a walk from
+/// the start over a million of them costs more than the deletes it leads to): the latest time a
+/// walk of that table reached. Rows written or moved later fall due later (each time is set as
+/// "now" plus a retention that is never negative), so none is left behind; one that a concurrent
+/// purge had locked and then did not delete is, so every [`FULL_WALK_EVERY`]th walk starts from
+/// the beginning. Each partition keeps its own: one partition's walk says nothing of another's.
+#[derive(Debug, Default)]
+struct Reach {
+    /// Microseconds since the epoch.
+    from: AtomicI64,
+    walks: AtomicUsize,
+}
+
+/// How often a walk over the due rows starts from the beginning.
+const FULL_WALK_EVERY: usize = 256;
+
+impl Reach {
+    /// Where this walk starts, in microseconds since the epoch.
+    fn start(&self) -> i64 {
+        if self.walks.fetch_add(1, Ordering::Relaxed).is_multiple_of(FULL_WALK_EVERY) {
+            0
+        } else {
+            self.from.load(Ordering::Relaxed)
+        }
+    }
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::Purge;
+    use crate::store::sql::answers::Answers;
+    use crate::store::sql::postgres::Pg;
+
+    #[test]
+    fn one_table_is_walked_without_a_probe() {
+        let purge = Purge::new::<Pg>(&["t".to_owned()], &Answers::Inline);
+        assert_eq!((purge.steps(), purge.partitioned()), (2, false));
+        assert!(purge.probe(0, &purge.froms(0)).is_none());
+    }
+
+    #[test]
+    fn partitions_are_probed_in_one_statement_from_where_each_walk_reached() {
+        let partitions = ["p0".to_owned(), "p1".to_owned(), "p2".to_owned()];
+        let purge = Purge::new::<Pg>(&partitions, &Answers::Apart("a".into()));
+        assert_eq!((purge.steps(), purge.partitioned()), (3, true));
+        assert_eq!((purge.tables(0), purge.tables(1), purge.tables(2)), (3, 3, 1), "the answers table once");
+        assert!(purge.probe(2, &[0]).is_none());
+        purge.reached(0, 1, Some(42));
+        purge.froms(0); // The first walk of each partition starts from the beginning.
+        let froms = purge.froms(0);
+        assert_eq!(froms, vec![0, 42, 0]);
+        let probe = purge.probe(0, &froms).expect("a probe");
+        let sql = probe.sql.as_str();
+        assert_eq!(sql.matches("EXISTS (SELECT 1 FROM").count(), 3, "{sql}");
+        assert!(
+            sql.contains(
+                "SELECT 1::bigint WHERE EXISTS (SELECT 1 FROM p1 WHERE forget_at >= 'epoch'::timestamptz + 42::bigint"
+            ),
+            "{sql}"
+        );
+        assert!(!sql.contains("{from}") && !sql.contains("$"), "every value written in: {sql}");
+    }
+}
