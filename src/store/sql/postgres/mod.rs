@@ -131,8 +131,9 @@
 //! - **Every statement is the same**, on the partitioned table, except the purge: reads,
 //!   claims, outcomes and settlements name `record_id`, so PostgreSQL prunes them to one
 //!   partition. The purge walks the partitions with the one-table statements, one partition at a
-//!   time: on the partitioned table, PostgreSQL would plan its batch as a join with a scan of
-//!   every partition. The recovery batches (lease sweep, checkout of unknown records) stay one
+//!   time, and only those that one probe of them all (each partition's first due entry, in one
+//!   statement) finds rows due in: on the partitioned table, PostgreSQL would plan its batch as
+//!   a join with a scan of every partition. The recovery batches (lease sweep, checkout of unknown records) stay one
 //!   statement on the partitioned table, ordered across it; each record of their batch costs a
 //!   probe of every partition's primary key.
 //! - **The migration.** A partitioned store's migration 1 is `0001_create_records.sql` with its
