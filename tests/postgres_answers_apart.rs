@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::apart::{Moved, SHORT, complete, move_to_answers_apart};
+
 support::suites_in_both_modes!(crate::support::pg_apart_store);
 
 use std::time::Duration;
@@ -17,18 +19,9 @@ use tower_idempotency::store::StoreError;
 use tower_idempotency::store::postgres::LayoutMismatch;
 use tower_idempotency::testkit::store::{answer, fingerprint, fresh_id};
 use tower_idempotency::{
-    Admin, Begin, BeginRequest, Claim, CouplingMode, Fingerprint, Outcome, PostgresStore, RecordId, RecordState,
-    Retention, Store,
+    Admin, Begin, BeginRequest, Claim, CouplingMode, Fingerprint, PostgresStore, RecordId, RecordState, Retention,
+    Store,
 };
-
-/// Claims `id` and completes it with `body` (retention `retention`).
-async fn complete(store: &PostgresStore, id: &RecordId, fp: &Fingerprint, body: &'static str, retention: Retention) {
-    let Begin::Claimed(claim) = store.begin(BeginRequest::new(id, fp).retention(retention)).await.expect("begin")
-    else {
-        panic!("a fresh identity is claimed")
-    };
-    claim.finish(Outcome::Complete(answer(body))).await.expect("finish");
-}
 
 /// What a retry of `id` finds.
 async fn retry(store: &PostgresStore, id: &RecordId, fp: &Fingerprint) -> Result<Begin<impl Claim>, StoreError> {
@@ -63,12 +56,6 @@ async fn answers(pool: &PgPool) -> i64 {
 async fn records(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM idempotency_records").fetch_one(pool).await.expect("records")
 }
-
-const SHORT: Retention = Retention {
-    response: Duration::from_millis(300),
-    tombstone: Duration::from_secs(3600),
-    unsettled: Duration::from_secs(3600),
-};
 
 /// In both modes the answer is a row of `<table>_answers` and the record points at it with no
 /// answer of its own; a retry replays it byte for byte.
@@ -199,14 +186,7 @@ async fn a_record_whose_answer_is_gone_is_a_tombstone() {
 async fn a_table_with_answers_inline_moves_to_answers_apart() {
     let inline = support::pg_store(CouplingMode::Atomic).await;
     let pool = inline.pool().clone();
-    let fp = fingerprint(4);
-    let (old_kept, old_due) = (fresh_id("old-kept"), fresh_id("old-due"));
-    complete(&inline, &old_kept, &fp, "old kept", Retention::default()).await;
-    complete(&inline, &old_due, &fp, "old due", SHORT).await;
-
-    let apart = inline.clone().answers_apart();
-    apart.migrate().await.expect("migrate to answers apart");
-    apart.migrate().await.expect("again: nothing to do");
+    let Moved { apart, fp, old_kept, old_due } = move_to_answers_apart(&inline).await;
     let Ok(Begin::Existing(record)) = retry(&apart, &old_kept, &fp).await else { panic!("a replay") };
     assert_eq!(record.response, Some(answer("old kept")), "an inline answer replays as before");
     let new = fresh_id("new");

@@ -8,6 +8,8 @@
 
 mod support;
 
+use support::apart::{Moved, SHORT, complete, move_to_answers_apart};
+
 support::suites_in_both_modes!(crate::support::pg_partitioned_apart_store);
 
 use std::time::Duration;
@@ -17,18 +19,8 @@ use sqlx::migrate::MigrateError;
 use tower_idempotency::store::postgres::LayoutMismatch;
 use tower_idempotency::testkit::store::{answer, fingerprint, fresh_id};
 use tower_idempotency::{
-    Begin, BeginRequest, Claim, CouplingMode, Fingerprint, Outcome, PostgresStore, RecordId, RecordState, Retention,
-    Store,
+    Begin, BeginRequest, CouplingMode, Fingerprint, PostgresStore, RecordId, RecordState, Retention, Store,
 };
-
-/// Claims `id` and completes it with `body` (retention `retention`).
-async fn complete(store: &PostgresStore, id: &RecordId, fp: &Fingerprint, body: &'static str, retention: Retention) {
-    let Begin::Claimed(claim) = store.begin(BeginRequest::new(id, fp).retention(retention)).await.expect("begin")
-    else {
-        panic!("a fresh identity is claimed")
-    };
-    claim.finish(Outcome::Complete(answer(body))).await.expect("finish");
-}
 
 /// What a retry of `id` finds, as a record.
 async fn replay(store: &PostgresStore, id: &RecordId, fp: &Fingerprint) -> tower_idempotency::Record {
@@ -83,12 +75,6 @@ fn refusal(result: Result<(), MigrateError>) -> String {
         other => panic!("a layout mismatch, got {other:?}"),
     }
 }
-
-const SHORT: Retention = Retention {
-    response: Duration::from_millis(300),
-    tombstone: Duration::from_secs(3600),
-    unsettled: Duration::from_secs(3600),
-};
 
 /// The table is partitioned and its answers apart; a record in any partition points at its
 /// answer and replays it byte for byte, in both modes.
@@ -251,14 +237,7 @@ async fn the_purge_sends_statements_only_to_partitions_with_rows_due() {
 async fn a_partitioned_table_moves_to_answers_apart_and_other_layouts_are_refused() {
     let inline = support::pg_partitioned_store(CouplingMode::Atomic).await;
     let pool = inline.pool().clone();
-    let fp = fingerprint(4);
-    let (old_kept, old_due) = (fresh_id("old-kept"), fresh_id("old-due"));
-    complete(&inline, &old_kept, &fp, "old kept", Retention::default()).await;
-    complete(&inline, &old_due, &fp, "old due", SHORT).await;
-
-    let apart = inline.clone().answers_apart();
-    apart.migrate().await.expect("migrate to answers apart");
-    apart.migrate().await.expect("again: nothing to do");
+    let Moved { apart, fp, old_kept, old_due } = move_to_answers_apart(&inline).await;
     let partitions = i64::from(support::TEST_PARTITIONS);
     assert_eq!(layout(&pool).await, ("p".to_owned(), partitions, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11]));
     assert_eq!(replay(&apart, &old_kept, &fp).await.response, Some(answer("old kept")));

@@ -6,6 +6,8 @@
 //! (default `postgres://postgres@127.0.0.1:5432/test`).
 #![allow(dead_code)]
 
+#[cfg(feature = "postgres")]
+pub mod apart;
 pub mod cleanup;
 #[cfg(feature = "metrics")]
 pub mod recorder;
