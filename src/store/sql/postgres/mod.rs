@@ -172,11 +172,9 @@
 //! - **One way**: once migrated, every store on the table must say `answers_apart`
 //!   (`migrate` refuses one that does not, with a [`LayoutMismatch`]; one that never migrates
 //!   fails a request for a record written apart rather than replay an empty answer).
-//! - **With [`hash_partitions`](PostgresStore::hash_partitions)** (the two options combine, in
-//!   either order): the records are partitioned and the answers are one table beside them.
-//!   Migration 11 runs on the partitioned table as it is (its column, indexes and check go to
-//!   every partition). The purge walks each partition's records past their tombstone time, each
-//!   walk starting where that partition's last walk reached, and the answers table once.
+//! - **With [`hash_partitions`](PostgresStore::hash_partitions)** (in either order): the records
+//!   partitioned, the answers one table beside them; migration 11 runs on the partitioned table
+//!   as it is. Each partition's walk starts where its own last walk reached.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -217,7 +215,7 @@ const MIGRATION_0011: &str = include_str!("../../../../migrations/postgres/0011_
 /// PostgreSQL's SQL: `$n` parameters, the database's `clock_timestamp()` for "now", times as
 /// `timestamptz`, fencing tokens from a sequence.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Pg;
+struct Pg;
 
 impl Dialect for Pg {
     type Db = Postgres;

@@ -221,6 +221,9 @@ pub(super) async fn check_layout(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::sql::answers::Answers;
+    use crate::store::sql::postgres::Pg;
+    use crate::store::sql::purge::Purge;
 
     const CREATE_RECORDS: &str = include_str!("../../../../migrations/postgres/0001_create_records.sql");
 
@@ -263,5 +266,37 @@ mod tests {
         assert_eq!(check_count(1025).unwrap_err().requested(), 1025);
         assert_eq!(check_count(2), Ok(2));
         assert_eq!(check_count(1024), Ok(1024));
+    }
+
+    // The purge's probe of the partitions (`store::sql::purge`), with PostgreSQL's SQL.
+    #[test]
+    fn one_table_is_walked_without_a_probe() {
+        let purge = Purge::new::<Pg>(&["t".to_owned()], &Answers::Inline);
+        assert_eq!((purge.steps(), purge.partitioned()), (2, false));
+        assert!(purge.probe(0, &purge.froms(0)).is_none());
+    }
+
+    #[test]
+    fn partitions_are_probed_in_one_statement_from_where_each_walk_reached() {
+        let partitions = ["p0".to_owned(), "p1".to_owned(), "p2".to_owned()];
+        let purge = Purge::new::<Pg>(&partitions, &Answers::Apart("a".into()));
+        assert_eq!((purge.steps(), purge.partitioned()), (3, true));
+        assert_eq!((purge.tables(0), purge.tables(1), purge.tables(2)), (3, 3, 1), "the answers table once");
+        assert!(purge.probe(2, &[0]).is_none());
+        purge.reached(0, 1, Some(42));
+        purge.froms(0); // The first walk of each partition starts from the beginning.
+        let froms = purge.froms(0);
+        assert_eq!(froms, vec![0, 42, 0]);
+        let probe = purge.probe(0, &froms).expect("a probe");
+        let sql = probe.sql.as_str();
+        assert_eq!(sql.matches("(SELECT forget_at FROM").count(), 3, "{sql}");
+        assert_eq!(sql.matches("ORDER BY forget_at LIMIT 1) IS NOT NULL").count(), 3, "{sql}");
+        assert!(
+            sql.contains(
+                "SELECT 1::bigint WHERE (SELECT forget_at FROM p1 WHERE forget_at >= 'epoch'::timestamptz + 42::bigint"
+            ),
+            "{sql}"
+        );
+        assert!(!sql.contains("{from}") && !sql.contains("$"), "every value written in: {sql}");
     }
 }
