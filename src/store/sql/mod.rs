@@ -246,7 +246,6 @@ impl<D: Dialect> Records<D> {
                 break;
             }
             let froms = purge.froms(step);
-            let tables = purge.tables(step);
             // On partitions, only those with rows due (one probe for all of them).
             let due = match purge.probe(step, &froms) {
                 Some(probe) => {
@@ -255,13 +254,10 @@ impl<D: Dialect> Records<D> {
                 }
                 None => None,
             };
-            for table in (0..tables).map(|i| (start + i) % tables) {
+            for table in purge.walk(step, start, due.as_deref()) {
                 // One table: every step runs, as it always has, even with nothing left.
                 if left == 0 && purge.partitioned() {
                     break;
-                }
-                if due.as_ref().is_some_and(|due| !due.contains(&(table as i64))) {
-                    continue;
                 }
                 let statement = purge.bound::<D>(step, table, left, froms[table]);
                 let n = if purge.reaches(step, table) {

@@ -28,10 +28,6 @@ use crate::store::decide::EXPIRED;
 pub(crate) struct Purge {
     /// For each step, in the order they run, its statement on each table it walks.
     steps: Vec<Vec<PurgeStep>>,
-    /// Whether the statements are prepared and kept on the connection (not when there are
-    /// statements for each partition: they would crowd the claims' statements out of the
-    /// connection's cache).
-    prepared: bool,
     /// Where the next purge starts walking the partitions, so that a purge whose limit runs out
     /// early does not always favour the first ones.
     start: AtomicUsize,
@@ -64,7 +60,7 @@ impl Purge {
                 vec![reaching::<D>(answers, "keep_until")],
             ],
         };
-        Self { steps, prepared: records.len() == 1, start: AtomicUsize::new(0) }
+        Self { steps, start: AtomicUsize::new(0) }
     }
 
     /// Where this purge starts walking each step's tables (taken modulo their count).
@@ -75,11 +71,6 @@ impl Purge {
     /// How many steps a purge takes, in order.
     pub(crate) fn steps(&self) -> usize {
         self.steps.len()
-    }
-
-    /// How many tables step `step` walks.
-    pub(crate) fn tables(&self, step: usize) -> usize {
-        self.steps[step].len()
     }
 
     /// Whether the records are partitioned (the purge then stops walking a step's tables once
@@ -125,6 +116,16 @@ impl Purge {
         Some(Bound::new(&AssertSqlSafe(sql).into_sql_str(), vec![], None).unprepared())
     }
 
+    /// The tables step `step` walks, in order: starting at `start` (taken modulo their count),
+    /// and, if a probe answered (`due`, see [`probe`](Self::probe)), only those it found rows due
+    /// in.
+    pub(crate) fn walk(&self, step: usize, start: usize, due: Option<&[i64]>) -> impl Iterator<Item = usize> {
+        let tables = self.steps[step].len();
+        (0..tables)
+            .map(move |i| (start + i) % tables)
+            .filter(move |&table| due.is_none_or(|due| i64::try_from(table).is_ok_and(|table| due.contains(&table))))
+    }
+
     /// Whether step `step` on table `table` keeps track of where its walk reached: it is run
     /// with [`Dialect::fetch_reach`], and what it reached noted with [`reached`](Self::reached).
     pub(crate) fn reaches(&self, step: usize, table: usize) -> bool {
@@ -147,7 +148,9 @@ impl Purge {
             args.push(Arg::Int(Some(from)));
         }
         let bound = Bound::new(&statement.sql, args, D::now_value());
-        if self.prepared { bound } else { bound.unprepared() }
+        // On partitions, not kept on the connection: a statement for each partition would
+        // crowd the claims' statements out of the connection's cache.
+        if self.partitioned() { bound.unprepared() } else { bound }
     }
 }
 

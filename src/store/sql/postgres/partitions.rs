@@ -281,7 +281,10 @@ mod tests {
         let partitions = ["p0".to_owned(), "p1".to_owned(), "p2".to_owned()];
         let purge = Purge::new::<Pg>(&partitions, &Answers::Apart("a".into()));
         assert_eq!((purge.steps(), purge.partitioned()), (3, true));
-        assert_eq!((purge.tables(0), purge.tables(1), purge.tables(2)), (3, 3, 1), "the answers table once");
+        let walked = |step| purge.walk(step, 0, None).count();
+        assert_eq!((walked(0), walked(1), walked(2)), (3, 3, 1), "the answers table once");
+        assert_eq!(purge.walk(0, 4, None).collect::<Vec<_>>(), vec![1, 2, 0], "starting one further on");
+        assert_eq!(purge.walk(0, 4, Some(&[0, 2])).collect::<Vec<_>>(), vec![2, 0], "only those due");
         assert!(purge.probe(2, &[0]).is_none());
         purge.reached(0, 1, Some(42));
         purge.froms(0); // The first walk of each partition starts from the beginning.
