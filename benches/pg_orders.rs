@@ -58,19 +58,18 @@ mod http_load;
 mod orders_app;
 #[path = "support/pg_cpu.rs"]
 mod pg_cpu;
+#[path = "support/scenarios.rs"]
+mod scenarios;
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bench_db::BenchDatabase;
-use http_load::KeyOf;
-use orders_app::{BODY, serve, serve_floor, serve_floor_with_prepared_read, serve_floor_with_read};
-use pg_cpu::{CpuSpent, PgCpu};
+use orders_app::{serve, serve_floor, serve_floor_with_prepared_read, serve_floor_with_read};
+use pg_cpu::PgCpu;
+use scenarios::{Scenario, print_cpu_ratio, print_table, print_throughput_ratio, retries_of, unique};
 use tower_idempotency::store::postgres::ReadBeforeClaim;
 use tower_idempotency::{CouplingMode, IdempotencyLayer, MemoryStore, PostgresStore};
 
-const CONCURRENCY: usize = 32;
 const WARM_UP: Duration = Duration::from_secs(2);
 /// One measured window; each scenario gets one per round.
 const MEASURE: Duration = Duration::from_secs(3);
@@ -80,133 +79,8 @@ const PROFILE: Duration = Duration::from_secs(20);
 const ROUNDS: usize = 5;
 const POOL: u32 = 40;
 
-/// One scenario's runs, over all rounds.
-struct Measured {
-    name: &'static str,
-    runs: Vec<Run>,
-}
-
-/// One measured window of one scenario.
-struct Run {
-    requests: usize,
-    elapsed: Duration,
-    latencies: Vec<Duration>,
-    /// PostgreSQL's CPU over the window.
-    cpu: CpuSpent,
-}
-
-impl Run {
-    fn throughput(&self) -> f64 {
-        self.requests as f64 / self.elapsed.as_secs_f64()
-    }
-
-    /// CPU microseconds per request, of the database's backends or of the whole server.
-    fn cpu_per_request(&self, measure: Cpu) -> Option<f64> {
-        measure.of(&self.cpu).map(|ns| ns as f64 / 1000.0 / self.requests as f64)
-    }
-}
-
-/// Which of the two CPU readings.
-#[derive(Clone, Copy)]
-enum Cpu {
-    /// The benchmark database's backends.
-    Database,
-    /// Every process of the server.
-    Server,
-}
-
-impl Cpu {
-    fn of(self, spent: &CpuSpent) -> Option<u64> {
-        match self {
-            Cpu::Database => spent.database_ns,
-            Cpu::Server => spent.server_ns,
-        }
-    }
-}
-
-impl Measured {
-    fn requests(&self) -> usize {
-        self.runs.iter().map(|r| r.requests).sum()
-    }
-
-    fn throughput(&self) -> f64 {
-        let elapsed: Duration = self.runs.iter().map(|r| r.elapsed).sum();
-        self.requests() as f64 / elapsed.as_secs_f64()
-    }
-
-    /// CPU microseconds per request over all windows.
-    fn cpu_per_request(&self, measure: Cpu) -> Option<f64> {
-        let mut spent = CpuSpent::default();
-        for run in &self.runs {
-            spent += run.cpu;
-        }
-        measure.of(&spent).map(|ns| ns as f64 / 1000.0 / self.requests() as f64)
-    }
-
-    fn quantile(&self, q: f64) -> Duration {
-        let mut all: Vec<Duration> = self.runs.iter().flat_map(|r| r.latencies.iter().copied()).collect();
-        all.sort_unstable();
-        http_load::quantile(&all, q)
-    }
-}
-
-/// A scenario's server and the keys its requests carry.
-struct Scenario {
-    name: &'static str,
-    addr: std::net::SocketAddr,
-    key_of: KeyOf,
-    counter: Arc<AtomicU64>,
-}
-
-impl Scenario {
-    fn new(name: &'static str, addr: std::net::SocketAddr, key_of: KeyOf) -> Self {
-        Self { name, addr, key_of, counter: Arc::new(AtomicU64::new(0)) }
-    }
-
-    async fn drive(&self, window: Duration) -> Vec<Duration> {
-        let (counter, key_of) = (self.counter.clone(), self.key_of.clone());
-        http_load::post_orders(self.name, self.addr, CONCURRENCY, BODY, counter, key_of, window).await
-    }
-
-    async fn measure(&self, cpu: &PgCpu) -> Run {
-        let before = cpu.sample().await;
-        let started = Instant::now();
-        let latencies = self.drive(MEASURE).await;
-        let elapsed = started.elapsed();
-        let spent = before.until(&cpu.sample().await);
-        Run { requests: latencies.len(), elapsed, latencies, cpu: spent }
-    }
-}
-
-/// The median and range of `numerator / denominator` over the rounds.
-fn ratio_over_rounds(numerator: &Measured, denominator: &Measured) -> (f64, f64, f64) {
-    let ratios = numerator.runs.iter().zip(&denominator.runs).map(|(n, d)| n.throughput() / d.throughput()).collect();
-    median_and_range(ratios)
-}
-
-/// The median and range of CPU per request, `numerator / denominator`, over the rounds.
-fn cpu_ratio_over_rounds(numerator: &Measured, denominator: &Measured, measure: Cpu) -> Option<(f64, f64, f64)> {
-    let ratios = numerator
-        .runs
-        .iter()
-        .zip(&denominator.runs)
-        .map(|(n, d)| Some(n.cpu_per_request(measure)? / d.cpu_per_request(measure)?))
-        .collect::<Option<Vec<f64>>>()?;
-    Some(median_and_range(ratios))
-}
-
-fn median_and_range(mut ratios: Vec<f64>) -> (f64, f64, f64) {
-    ratios.sort_by(f64::total_cmp);
-    (ratios[ratios.len() / 2], ratios[0], ratios[ratios.len() - 1])
-}
-
-/// Microseconds, or `n/a` when the server's processes cannot be read.
-fn micros(value: Option<f64>) -> String {
-    value.map_or_else(|| "n/a".to_owned(), |us| format!("{us:.0}us"))
-}
-
 fn main() {
-    let rounds: usize = std::env::var("PG_ORDERS_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(ROUNDS);
+    let rounds = scenarios::rounds_from_env("PG_ORDERS_ROUNDS", ROUNDS);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_bench", POOL).await;
@@ -216,7 +90,6 @@ fn main() {
         let atomic = PostgresStore::new(pool.clone()).mode(CouplingMode::Atomic);
         atomic.migrate().await.unwrap();
         let leased = atomic.clone().leased();
-        let unique = |prefix: &'static str| -> KeyOf { Arc::new(move |n| format!("{prefix}-{n}")) };
 
         let bare = serve::<PostgresStore>(pool.clone(), None).await;
         let floor = serve_floor(pool.clone()).await;
@@ -255,14 +128,12 @@ fn main() {
             Scenario::new("read first", with_reading, unique("reading")),
             Scenario::new("leased", with_leased, unique("leased")),
             // Retries of 1000 keys the atomic scenario completed in its warm-up.
-            Scenario::new("replay", with_replaying, Arc::new(|n| format!("atomic-{}", n % 1000))),
+            Scenario::new("replay", with_replaying, retries_of("atomic")),
             Scenario::new("apart", with_apart, unique("apart")),
             // Retries of 1000 keys the apart scenario completed in its warm-up.
-            Scenario::new("replay apart", with_replaying_apart, Arc::new(|n| format!("apart-{}", n % 1000))),
+            Scenario::new("replay apart", with_replaying_apart, retries_of("apart")),
         ];
-        for scenario in &scenarios {
-            scenario.drive(WARM_UP).await;
-        }
+        scenarios::warm_up(&scenarios, WARM_UP).await;
         // `PG_ORDERS_PROFILE=<scenario>`: drive that scenario alone, for a profiler attached to
         // the server meanwhile, and stop.
         if let Ok(name) = std::env::var("PG_ORDERS_PROFILE") {
@@ -274,33 +145,8 @@ fn main() {
         }
         // Rounds of one window per scenario, the order rotated each round, so that a slow
         // stretch of this shared machine falls on every scenario alike.
-        let mut results: Vec<Measured> = scenarios.iter().map(|s| Measured { name: s.name, runs: vec![] }).collect();
-        for round in 0..rounds {
-            for i in 0..scenarios.len() {
-                let index = (i + round) % scenarios.len();
-                let run = scenarios[index].measure(&cpu).await;
-                results[index].runs.push(run);
-            }
-        }
-
-        println!(
-            "\nPOST /orders on PostgreSQL, {CONCURRENCY} concurrent keep-alive clients, \
-             {rounds} rounds of {MEASURE:?} per scenario"
-        );
-        println!(
-            "{:<10} {:>10} {:>12} {:>10} {:>10} {:>12} {:>12}",
-            "scenario", "requests", "req/s", "p50", "p99", "db cpu/req", "server/req"
-        );
-        for m in &results {
-            let (throughput, p50, p99) = (m.throughput(), m.quantile(0.50), m.quantile(0.99));
-            let (database_cpu, server_cpu) =
-                (micros(m.cpu_per_request(Cpu::Database)), micros(m.cpu_per_request(Cpu::Server)));
-            println!(
-                "{:<10} {:>10} {throughput:>12.0} {p50:>10.2?} {p99:>10.2?} {database_cpu:>12} {server_cpu:>12}",
-                m.name,
-                m.requests()
-            );
-        }
+        let results = scenarios::measure_in_rounds(&scenarios, rounds, MEASURE, &cpu).await;
+        print_table(&results, rounds, MEASURE);
         let [bare, floor, floor_read, floor_prepared, memory, atomic, reading, leased, replay, apart, replay_apart] =
             &results[..]
         else {
@@ -323,13 +169,7 @@ fn main() {
             ("apart / floor    ", apart, floor, None),
             ("replay apart / replay", replay_apart, replay, None),
         ] {
-            let overall = numerator.throughput() / denominator.throughput();
-            let (median, low, high) = ratio_over_rounds(numerator, denominator);
-            let aim = aim.map_or(String::new(), |aim| format!(" (aim >= {aim}x)"));
-            println!(
-                "{label} : {overall:.2}x overall; per round median {median:.2}x, \
-                 range {low:.2}x..{high:.2}x{aim}"
-            );
+            print_throughput_ratio(label, numerator, denominator, aim);
         }
         println!("PostgreSQL CPU per request (database backends; whole server):");
         for (label, numerator, denominator, aim) in [
@@ -348,18 +188,7 @@ fn main() {
             ("replay apart / replay", replay_apart, replay, None),
             ("replay apart / no layer", replay_apart, bare, Some(0.5)),
         ] {
-            let mut line = format!("{label} :");
-            for (measure, what) in [(Cpu::Database, "db"), (Cpu::Server, "server")] {
-                let overall = numerator.cpu_per_request(measure).zip(denominator.cpu_per_request(measure));
-                match (overall, cpu_ratio_over_rounds(numerator, denominator, measure)) {
-                    (Some((n, d)), Some((median, low, high))) => line.push_str(&format!(
-                        " {what} {:.2}x overall, per round median {median:.2}x, range {low:.2}x..{high:.2}x;",
-                        n / d
-                    )),
-                    _ => line.push_str(&format!(" {what} n/a;")),
-                }
-            }
-            println!("{line}{}", aim.map_or(String::new(), |aim| format!(" (aim <= {aim}x)")));
+            print_cpu_ratio(label, numerator, denominator, aim);
         }
 
         database.drop().await;
