@@ -45,7 +45,9 @@
 //! deleted, and the fill's groups are 35 % live, 45 % past their response retention and 20 %
 //! deletable (the purge gets through the second group much faster, and the last paced rounds
 //! and the tombstones alone need some left). The two may be set together: partitions with their
-//! answers apart. Not run by CI.
+//! answers apart. `PG_SCALE_PLAN_CACHE_MODE=force_generic_plan` runs every statement on connections
+//! that set PostgreSQL's `plan_cache_mode` (`docs/scale.md`, "What partitions cost a request").
+//! Not run by CI.
 
 #[path = "support/bench_db.rs"]
 mod bench_db;
@@ -304,10 +306,25 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_scale", POOL).await;
-        let pool = database.pool.clone();
+        let pool = match std::env::var("PG_SCALE_PLAN_CACHE_MODE") {
+            Ok(mode) => with_plan_cache_mode(&database.pool, &mode).await,
+            Err(_) => database.pool.clone(),
+        };
         let cpu = pg_cpu::PgCpu::of_database(database.name()).await;
         database.run_to_end(measure(pool, rows, partitions, apart, cpu)).await;
     });
+}
+
+/// A pool on the same database whose connections set `plan_cache_mode` to `mode`
+/// (`PG_SCALE_PLAN_CACHE_MODE`), checked on one of them.
+async fn with_plan_cache_mode(pool: &PgPool, mode: &str) -> PgPool {
+    let options = (*pool.connect_options()).clone().options([("plan_cache_mode", mode)]);
+    let moded = sqlx::postgres::PgPoolOptions::new().max_connections(POOL).connect_with(options).await;
+    let moded = moded.expect("connect with PG_SCALE_PLAN_CACHE_MODE");
+    let set: String = sqlx::query_scalar("SHOW plan_cache_mode").fetch_one(&moded).await.expect("read the mode");
+    assert_eq!(set, mode, "PG_SCALE_PLAN_CACHE_MODE must reach the session");
+    println!("plan_cache_mode: {set} (PG_SCALE_PLAN_CACHE_MODE)");
+    moded
 }
 
 async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, apart: bool, cpu: pg_cpu::PgCpu) {

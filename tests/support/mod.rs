@@ -171,10 +171,30 @@ pub async fn pg_pool(schema: &str, connections: u32) -> sqlx::PgPool {
 /// [`pg_pool`], with the pool's own acquire timeout.
 #[cfg(feature = "postgres")]
 pub async fn pg_pool_with(schema: &str, connections: u32, acquire_timeout: Duration) -> sqlx::PgPool {
+    pg_pool_setting(schema, connections, acquire_timeout, &[]).await
+}
+
+/// [`pg_pool`], its connections planning every prepared statement generically
+/// (`plan_cache_mode = force_generic_plan`, the connection option `docs/scale.md` recommends
+/// for a store on hash partitions).
+#[cfg(feature = "postgres")]
+pub async fn pg_generic_plan_pool(schema: &str, connections: u32) -> sqlx::PgPool {
+    pg_pool_setting(schema, connections, Duration::from_secs(30), &[("plan_cache_mode", "force_generic_plan")]).await
+}
+
+/// [`pg_pool_with`], each connection also setting the server parameters `settings`.
+#[cfg(feature = "postgres")]
+async fn pg_pool_setting(
+    schema: &str,
+    connections: u32,
+    acquire_timeout: Duration,
+    settings: &[(&str, &str)],
+) -> sqlx::PgPool {
     use sqlx::ConnectOptions;
     pg_schema(schema).await.until_test_ends();
     let options: sqlx::postgres::PgConnectOptions = database_url().parse().expect("DATABASE_URL");
-    let options = options.options([("search_path", schema)]).application_name(schema).log_statements(tracing_level());
+    let options = options.options([("search_path", schema)]).options(settings.iter().copied());
+    let options = options.application_name(schema).log_statements(tracing_level());
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(connections)
         .acquire_timeout(acquire_timeout)
@@ -239,6 +259,24 @@ pub async fn pg_partitioned_apart_store(mode: tower_idempotency::CouplingMode) -
     let store = pg_partitioned_store(mode).await;
     let store = store.answers_apart();
     store.migrate().await.expect("migrate to answers apart");
+    store
+}
+
+/// The layout `docs/scale.md` recommends for billions of records, as it recommends deploying
+/// it: a migrated PostgreSQL store in a schema of its own, its table hash partitioned into
+/// [`TEST_PARTITIONS`] partitions and its answers apart, on a [`pg_generic_plan_pool`].
+#[cfg(feature = "postgres")]
+pub async fn pg_generic_plan_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
+    let schema = unique_name("tidem");
+    let pool = pg_generic_plan_pool(&schema, 24).await;
+    let store = tower_idempotency::PostgresStore::new(pool)
+        .schema(&schema)
+        .expect("schema name")
+        .hash_partitions(TEST_PARTITIONS)
+        .expect("partition count")
+        .answers_apart()
+        .mode(mode);
+    store.migrate().await.expect("migrate");
     store
 }
 pub mod server;

@@ -24,11 +24,19 @@ pub(crate) enum Answers {
 }
 
 impl Answers {
-    /// The `FROM` of a read of the records table `t`: apart, joined to its answer.
+    /// The `FROM` of a read of the records table `t`: apart, joined to its answer, looked up
+    /// by its key in a lateral subquery that the planner keeps apart (`OFFSET 0`), so that
+    /// every plan of the read is a lookup of one answer. A plain join lets a generic plan on hash
+    /// partitions (`plan_cache_mode = force_generic_plan`, `docs/scale.md`), which counts a row
+    /// for every partition, hash the whole answers table instead while its statistics say it is
+    /// small: a replay then scans every answer.
     pub(crate) fn from(&self, t: &str) -> String {
         match self {
             Answers::Inline => t.to_owned(),
-            Answers::Apart(answers) => format!("{t} LEFT JOIN {answers} ON seq = answer_seq"),
+            Answers::Apart(answers) => format!(
+                "{t} LEFT JOIN LATERAL (SELECT seq, status, headers, body FROM {answers} \
+                 WHERE seq = answer_seq OFFSET 0) answer ON true"
+            ),
         }
     }
 
@@ -151,7 +159,10 @@ mod tests {
     #[test]
     fn apart_reads_join_the_answer_and_writes_go_through_it() {
         let apart = Answers::Apart("a".into());
-        assert_eq!(apart.from("t"), "t LEFT JOIN a ON seq = answer_seq");
+        assert_eq!(
+            apart.from("t"),
+            "t LEFT JOIN LATERAL (SELECT seq, status, headers, body FROM a WHERE seq = answer_seq OFFSET 0) answer ON true"
+        );
         assert!(apart.expired("x".into()).contains("answer_seq IS NOT NULL AND seq IS NULL"));
         assert!(apart.write("$1", "$2", "$3", "$4").starts_with("WITH answer AS (INSERT INTO a "));
         assert!(apart.set("$1", "$2", "$3", "$4").contains("answer_seq = (SELECT seq FROM answer)"));

@@ -150,6 +150,30 @@
 //!   to partitions means a new table (another [`table`](PostgresStore::table) name) and a copy.
 //! - **The count is fixed** with the table: choose it for the size the table will reach (64 for
 //!   the 3 billion records of `docs/scale.md`, about 47 million each).
+//! - **Each statement is planned afresh** by PostgreSQL 15 on a partitioned table: the generic
+//!   plan of a prepared statement, costed over every partition, never looks cheaper than one
+//!   planned for its `record_id`, and planning (with the locks it takes on every partition)
+//!   costs more than the statement. So a request costs the database more CPU on partitions than
+//!   on one table, and more with more partitions (`benches/pg_partitions.rs`). Connections that
+//!   set `plan_cache_mode = force_generic_plan` keep one plan per statement, which prunes to the
+//!   partition when it runs: measured, that gives back most of a replay's price and part of a
+//!   new request's (`docs/scale.md`, "What partitions cost a request"). The store does not set
+//!   it, since it is the session's and applies to every statement on the pool, the
+//!   application's own as well: set it on the store's pool where that suits them.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+//! use tower_idempotency::store::postgres::PostgresStore;
+//!
+//! let options: PgConnectOptions = "postgres://postgres@127.0.0.1/app".parse()?;
+//! // Every prepared statement of this pool planned once, pruned to its partition when it runs.
+//! let options = options.options([("plan_cache_mode", "force_generic_plan")]);
+//! let pool = PgPoolOptions::new().connect_with(options).await?;
+//! let store = PostgresStore::new(pool).hash_partitions(16)?.answers_apart();
+//! store.migrate().await?;
+//! # Ok(()) }
+//! ```
 //!
 //! # Answers apart
 //!

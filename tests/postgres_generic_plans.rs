@@ -1,0 +1,189 @@
+//! The layout `docs/scale.md` recommends for billions of records (hash partitions with the
+//! answers apart) on connections that set `plan_cache_mode = force_generic_plan`, as it
+//! recommends deploying it, against the real PostgreSQL on this machine: a generic plan prunes
+//! partitions when it runs instead of when it is made, and locks every partition as it does, so
+//! the store, lifecycle and HTTP contract suites run again in both modes on such connections,
+//! with the purge's walk, a record beaten to its partition, duplicates released together and the
+//! HTTP storm.
+#![cfg(all(feature = "testkit", feature = "postgres"))]
+
+mod support;
+
+support::suites_in_both_modes!(crate::support::pg_generic_plan_store);
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tower_idempotency::store::FinishError;
+use tower_idempotency::testkit::store::{answer, fingerprint, fresh_id};
+use tower_idempotency::{
+    Begin, BeginRequest, Claim, CouplingMode, Outcome, PostgresStore, RecordState, Retention, Store,
+};
+
+async fn count(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}"))).fetch_one(pool).await.unwrap()
+}
+
+/// Every connection the store uses plans generically, and a lookup of one record on the
+/// partitioned table really is a generic plan that prunes when it runs: what the suites in this
+/// file run on.
+#[tokio::test]
+async fn the_store_s_statements_are_planned_generically_and_pruned_when_they_run() {
+    let store = support::pg_generic_plan_store(CouplingMode::Atomic).await;
+    let mut connections = Vec::new();
+    for _ in 0..3 {
+        connections.push(store.pool().acquire().await.expect("a connection"));
+    }
+    for connection in &mut connections {
+        let mode: String = sqlx::query_scalar("SHOW plan_cache_mode").fetch_one(&mut **connection).await.unwrap();
+        assert_eq!(mode, "force_generic_plan");
+    }
+    let connection = &mut *connections[0];
+    sqlx::query("PREPARE lookup(bytea) AS SELECT state FROM idempotency_records WHERE record_id = $1")
+        .execute(&mut *connection)
+        .await
+        .unwrap();
+    let plan: Vec<String> =
+        sqlx::query_scalar("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE lookup('\\x00')")
+            .fetch_all(&mut *connection)
+            .await
+            .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("Subplans Removed"), "a generic plan, pruned at execution:\n{plan}");
+}
+
+/// A replay's read, planned generically on 64 partitions while the answers table is new (its
+/// statistics unknown, so PostgreSQL guesses it at ten pages), still looks the answer up by its
+/// key. The generic plan counts a row from every partition (64 where one is found), and a read
+/// that joined the answers table plainly was planned as a hash of the whole answers table,
+/// scanned on every replay from then on.
+#[tokio::test]
+async fn a_replay_looks_its_answer_up_by_its_key_in_a_generic_plan_on_64_partitions() {
+    let schema = support::unique_name("tidem");
+    // One connection: the read the store prepares is the one this test finds on it.
+    let pool = support::pg_generic_plan_pool(&schema, 1).await;
+    let store = PostgresStore::new(pool.clone()).schema(&schema).unwrap().hash_partitions(64).unwrap().answers_apart();
+    store.migrate().await.expect("migrate");
+    let (id, fp) = (fresh_id("read"), fingerprint(5));
+    let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fp)).await.unwrap() else { panic!("claimed") };
+    claim.finish(Outcome::Complete(answer("replayed"))).await.expect("finish");
+    let Begin::Existing(record) = store.begin(BeginRequest::new(&id, &fp)).await.unwrap() else { panic!("a replay") };
+    assert_eq!(record.response, Some(answer("replayed")));
+
+    let mut connection = pool.acquire().await.unwrap();
+    let read: String = sqlx::query_scalar(
+        "SELECT statement FROM pg_prepared_statements \
+         WHERE statement LIKE '%answer_seq%' AND statement LIKE '%WHERE record_id = $1'",
+    )
+    .fetch_one(&mut *connection)
+    .await
+    .expect("the store's read, prepared on its connection");
+    sqlx::query(sqlx::AssertSqlSafe(format!("PREPARE replay_read AS {read}"))).execute(&mut *connection).await.unwrap();
+    let explain = format!("EXPLAIN (COSTS OFF) EXECUTE replay_read('\\x{}')", id.to_hex());
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain)).fetch_all(&mut *connection).await.unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("Subplans Removed: 63"), "a generic plan, pruned when it runs:\n{plan}");
+    assert!(plan.contains("Index Scan using idempotency_records_answers_pkey"), "the answer by its key:\n{plan}");
+    assert!(!plan.contains("Hash") && !plan.contains("Seq Scan"), "no scan of the answers:\n{plan}");
+}
+
+/// The purge on generic plans: its probe of the partitions and each partition's walk make the
+/// tombstones (deleting the answers, never writing a record) and delete the forgotten records,
+/// never past its limit in one call.
+#[tokio::test]
+async fn the_purge_walks_the_partitions_within_its_limit_on_generic_plans() {
+    for mode in [CouplingMode::Atomic, CouplingMode::Leased] {
+        let store = support::pg_generic_plan_store(mode).await;
+        let forget_now = Retention { response: Duration::ZERO, tombstone: Duration::ZERO, ..Retention::default() };
+        let expire_now = Retention { response: Duration::ZERO, ..Retention::default() };
+        let mut ids = Vec::new();
+        for (n, retention) in [(30, forget_now), (20, expire_now), (10, Retention::default())] {
+            for _ in 0..n {
+                let id = fresh_id("generic");
+                let begun = store.begin(BeginRequest::new(&id, &fingerprint(3)).retention(retention)).await.unwrap();
+                let Begin::Claimed(claim) = begun else { panic!("a fresh identity is claimed") };
+                claim.finish(Outcome::Complete(answer("kept or not"))).await.expect("finish");
+                ids.push((id, n));
+            }
+        }
+        assert_eq!(count(store.pool(), "idempotency_records_answers").await, 60);
+        let mut calls = Vec::new();
+        loop {
+            let n = store.purge(7).await.expect("purge");
+            calls.push(n);
+            if n == 0 {
+                break;
+            }
+        }
+        assert!(calls.iter().all(|&n| n <= 7), "{mode:?}: never past the limit: {calls:?}");
+        assert_eq!(count(store.pool(), "idempotency_records").await, 30, "{mode:?}: 30 forgotten");
+        assert_eq!(count(store.pool(), "idempotency_records_answers").await, 10, "{mode:?}: 50 answers gone");
+        for (id, group) in &ids {
+            let info = tower_idempotency::Admin::inspect(&store, id).await.unwrap();
+            match group {
+                30 => assert!(info.is_none(), "{mode:?}: forgotten"),
+                20 => assert_eq!(info.expect("a tombstone").state, RecordState::Expired, "{mode:?}"),
+                _ => assert_eq!(info.expect("kept").state, RecordState::Completed, "{mode:?}"),
+            }
+        }
+    }
+}
+
+/// An atomic claim whose record another writer commits first: on generic plans the violation
+/// still names a partition's primary key, and the claim still reports the identity lost.
+#[tokio::test]
+async fn a_record_committed_first_by_another_writer_is_the_identity_lost_on_generic_plans() {
+    let store = support::pg_generic_plan_store(CouplingMode::Atomic).await;
+    let id = fresh_id("raced");
+    let Begin::Claimed(claim) = store.begin(BeginRequest::new(&id, &fingerprint(4))).await.unwrap() else {
+        panic!("claimed")
+    };
+    // A writer that skips the claim's lock.
+    sqlx::query(
+        "INSERT INTO idempotency_records (record_id, state, fingerprint_version, fingerprint, fencing_token) \
+         VALUES (decode($1, 'hex'), 'processing', 1, $2, 0)",
+    )
+    .bind(id.to_hex())
+    .bind(vec![7_u8; 32])
+    .execute(store.pool())
+    .await
+    .expect("the other writer's record");
+    let finished = claim.finish(Outcome::Complete(answer("mine"))).await;
+    assert!(matches!(finished, Err(FinishError::ClaimLost)), "{finished:?}");
+    assert_eq!(count(store.pool(), "idempotency_records_answers").await, 0, "the lost claim's answer is not kept");
+}
+
+/// Identical requests released together, for several keys at once, in both modes, on generic
+/// plans: exactly one of each key's contenders claims it.
+#[tokio::test]
+async fn duplicates_released_together_claim_each_identity_once_on_generic_plans() {
+    const KEYS: usize = 24;
+    const DUPLICATES: usize = 16;
+    for mode in [CouplingMode::Atomic, CouplingMode::Leased] {
+        let store = support::pg_generic_plan_store(mode).await;
+        let (executions, answers) = support::begins_released_together(&store, KEYS, DUPLICATES).await;
+        assert_eq!(answers.len(), KEYS);
+        for (k, executions) in executions.iter().enumerate() {
+            assert_eq!(*executions, 1, "{mode:?}: key {k} must be executed exactly once");
+        }
+        for (key, answers) in &answers {
+            assert_eq!(answers.iter().filter(|a| **a == "claimed").count(), 1, "{mode:?}: key {key}: {answers:?}");
+        }
+        assert_eq!(count(store.pool(), "idempotency_records").await, KEYS as i64, "one record per key");
+    }
+}
+
+/// The HTTP storm on generic plans: many identical requests released together, one order row
+/// per key.
+#[cfg(feature = "axum")]
+#[test]
+fn storm_of_identical_requests_creates_exactly_one_order_per_key_on_generic_plans() {
+    const KEYS: usize = 40;
+    const DUPLICATES: usize = 32;
+    tower_idempotency::testkit::run(async {
+        let store = support::pg_generic_plan_store(CouplingMode::Atomic).await;
+        let conflicts = support::storm::pg_storm(&store, "gstorm", KEYS, DUPLICATES, 4).await;
+        assert_eq!(count(store.pool(), "idempotency_records").await, KEYS as i64);
+        println!("generic-plan storm: {KEYS} keys x {DUPLICATES} requests, {conflicts} answers were 409");
+    });
+}
