@@ -50,11 +50,7 @@ async fn duplicates_released_together_claim_each_identity_once() {
             support::pg_store(CouplingMode::Atomic).await
         };
         let store = store.read_before_claim(ReadBeforeClaim::Never);
-        let (executions, answers) = support::begins_released_together(&store, KEYS, DUPLICATES).await;
-        assert_eq!(answers.len(), KEYS);
-        for (k, executions) in executions.iter().enumerate() {
-            assert_eq!(*executions, 1, "partitioned {partitioned}: key {k} must be executed exactly once");
-        }
+        support::each_identity_claimed_once(&store, KEYS, DUPLICATES, &format!("partitioned {partitioned}")).await;
         let records: i64 =
             sqlx::query_scalar("SELECT count(*) FROM idempotency_records").fetch_one(store.pool()).await.unwrap();
         assert_eq!(records, KEYS as i64, "partitioned {partitioned}: one record per key");

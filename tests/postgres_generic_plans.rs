@@ -161,14 +161,7 @@ async fn duplicates_released_together_claim_each_identity_once_on_generic_plans(
     const DUPLICATES: usize = 16;
     for mode in [CouplingMode::Atomic, CouplingMode::Leased] {
         let store = support::pg_generic_plan_store(mode).await;
-        let (executions, answers) = support::begins_released_together(&store, KEYS, DUPLICATES).await;
-        assert_eq!(answers.len(), KEYS);
-        for (k, executions) in executions.iter().enumerate() {
-            assert_eq!(*executions, 1, "{mode:?}: key {k} must be executed exactly once");
-        }
-        for (key, answers) in &answers {
-            assert_eq!(answers.iter().filter(|a| **a == "claimed").count(), 1, "{mode:?}: key {key}: {answers:?}");
-        }
+        support::each_identity_claimed_once(&store, KEYS, DUPLICATES, &format!("{mode:?}")).await;
         assert_eq!(count(store.pool(), "idempotency_records").await, KEYS as i64, "one record per key");
     }
 }

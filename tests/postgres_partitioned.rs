@@ -129,14 +129,7 @@ async fn duplicates_released_together_claim_each_identity_once() {
     const DUPLICATES: usize = 16;
     for mode in [CouplingMode::Atomic, CouplingMode::Leased] {
         let store = support::pg_partitioned_store(mode).await;
-        let (executions, answers) = support::begins_released_together(&store, KEYS, DUPLICATES).await;
-        assert_eq!(answers.len(), KEYS);
-        for (k, executions) in executions.iter().enumerate() {
-            assert_eq!(*executions, 1, "{mode:?}: key {k} must be executed exactly once");
-        }
-        for (key, answers) in &answers {
-            assert_eq!(answers.iter().filter(|a| **a == "claimed").count(), 1, "{mode:?}: key {key}: {answers:?}");
-        }
+        support::each_identity_claimed_once(&store, KEYS, DUPLICATES, &format!("{mode:?}")).await;
         let rows = rows_per_partition(store.pool()).await;
         assert_eq!(rows.iter().map(|(_, n)| n).sum::<i64>(), KEYS as i64, "one record per key");
     }

@@ -134,6 +134,23 @@ where
     (executions.iter().map(|n| n.load(Ordering::SeqCst)).collect(), answers)
 }
 
+/// [`begins_released_together`] on `store`, asserting what it must give: an answer for every
+/// key, and each key executed (claimed) exactly once. `label` names the case in a failure.
+#[cfg(feature = "testkit")]
+pub async fn each_identity_claimed_once<S>(store: &S, keys: usize, duplicates: usize, label: &str)
+where
+    S: tower_idempotency::Store + Clone + 'static,
+{
+    let (executions, answers) = begins_released_together(store, keys, duplicates).await;
+    assert_eq!(answers.len(), keys, "{label}: every key answered");
+    for (k, executions) in executions.iter().enumerate() {
+        assert_eq!(*executions, 1, "{label}: key {k} must be executed exactly once");
+    }
+    for (key, answers) in &answers {
+        assert_eq!(answers.iter().filter(|a| **a == "claimed").count(), 1, "{label}: key {key}: {answers:?}");
+    }
+}
+
 /// The PostgreSQL server the tests use.
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())

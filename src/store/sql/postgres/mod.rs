@@ -365,7 +365,10 @@ impl PostgresStore {
     /// (see [Hash partitions](self#hash-partitions)). [`migrate`](Self::migrate) creates the
     /// table so; it refuses a table that already exists with another layout, one table or
     /// another count ([`LayoutMismatch`]). Every store on the table must say the same count.
-    /// It combines with [`answers_apart`](Self::answers_apart), in either order.
+    /// It combines with [`answers_apart`](Self::answers_apart), in either order. Every
+    /// statement costs the database more on partitions than on one table; connections that
+    /// set `plan_cache_mode = force_generic_plan` give most of that back (see
+    /// [Hash partitions](self#hash-partitions), with an example).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
