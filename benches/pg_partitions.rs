@@ -61,23 +61,14 @@ fn store(pool: &PgPool, table: &str, partitions: u16) -> PostgresStore {
     store.answers_apart().mode(CouplingMode::Atomic)
 }
 
-/// A pool on the same database whose connections plan every prepared statement generically.
-async fn generic_pool(pool: &PgPool) -> PgPool {
-    let options = (*pool.connect_options()).clone().options([("plan_cache_mode", "force_generic_plan")]);
-    let generic = sqlx::postgres::PgPoolOptions::new().max_connections(POOL).connect_with(options).await;
-    let generic = generic.expect("connect the generic pool");
-    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode").fetch_one(&generic).await.expect("read the mode");
-    assert_eq!(mode, "force_generic_plan", "the connection option must reach the session");
-    generic
-}
-
 fn main() {
     let rounds = scenarios::rounds_from_env("PG_PARTITIONS_ROUNDS", ROUNDS);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_partitions", POOL).await;
         let pool = database.pool.clone();
-        let generic = generic_pool(&pool).await;
+        // Its connections plan every prepared statement generically.
+        let generic = database.pool_with_plan_cache_mode("force_generic_plan", POOL).await;
         let cpu = PgCpu::of_database(database.name()).await;
         orders_app::create_orders_table(&pool).await;
         for (table, partitions) in [("records_table", 0), ("records_p64", 64), ("records_p16", 16)] {

@@ -307,24 +307,15 @@ fn main() {
     runtime.block_on(async {
         let database = BenchDatabase::create("tidem_scale", POOL).await;
         let pool = match std::env::var("PG_SCALE_PLAN_CACHE_MODE") {
-            Ok(mode) => with_plan_cache_mode(&database.pool, &mode).await,
+            Ok(mode) => {
+                println!("plan_cache_mode: {mode} (PG_SCALE_PLAN_CACHE_MODE)");
+                database.pool_with_plan_cache_mode(&mode, POOL).await
+            }
             Err(_) => database.pool.clone(),
         };
         let cpu = pg_cpu::PgCpu::of_database(database.name()).await;
         database.run_to_end(measure(pool, rows, partitions, apart, cpu)).await;
     });
-}
-
-/// A pool on the same database whose connections set `plan_cache_mode` to `mode`
-/// (`PG_SCALE_PLAN_CACHE_MODE`), checked on one of them.
-async fn with_plan_cache_mode(pool: &PgPool, mode: &str) -> PgPool {
-    let options = (*pool.connect_options()).clone().options([("plan_cache_mode", mode)]);
-    let moded = sqlx::postgres::PgPoolOptions::new().max_connections(POOL).connect_with(options).await;
-    let moded = moded.expect("connect with PG_SCALE_PLAN_CACHE_MODE");
-    let set: String = sqlx::query_scalar("SHOW plan_cache_mode").fetch_one(&moded).await.expect("read the mode");
-    assert_eq!(set, mode, "PG_SCALE_PLAN_CACHE_MODE must reach the session");
-    println!("plan_cache_mode: {set} (PG_SCALE_PLAN_CACHE_MODE)");
-    moded
 }
 
 async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, apart: bool, cpu: pg_cpu::PgCpu) {

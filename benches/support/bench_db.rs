@@ -37,6 +37,18 @@ impl BenchDatabase {
         &self.name
     }
 
+    /// Another pool of `max_connections` on the same database, whose connections set
+    /// PostgreSQL's `plan_cache_mode` to `mode` (checked on one of them before it is returned).
+    #[allow(dead_code)] // Only the benchmarks that compare plan cache modes ask for it.
+    pub async fn pool_with_plan_cache_mode(&self, mode: &str, max_connections: u32) -> PgPool {
+        let options = (*self.pool.connect_options()).clone().options([("plan_cache_mode", mode)]);
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(max_connections).connect_with(options).await;
+        let pool = pool.expect("connect with the plan cache mode");
+        let set: String = sqlx::query_scalar("SHOW plan_cache_mode").fetch_one(&pool).await.expect("read the mode");
+        assert_eq!(set, mode, "the connection option must reach the session");
+        pool
+    }
+
     /// Runs `work` to its end as a task of its own, then drops the database, also when `work`
     /// panics (the panic is resumed once the database is gone).
     #[allow(dead_code)] // Only the benchmarks that run their measure as one task use it.

@@ -225,15 +225,30 @@ fn tracing_level() -> tracing::log::LevelFilter {
     tracing::log::LevelFilter::Trace
 }
 
+/// How many connections each test store's pool may open: two tests run at once, and the server
+/// allows 100 connections in all.
+#[cfg(feature = "postgres")]
+const STORE_CONNECTIONS: u32 = 24;
+
+/// A store in mode `mode` on `pool`, in `schema` (the pool's own), laid out by `layout`, migrated.
+#[cfg(feature = "postgres")]
+async fn migrated_store(
+    pool: sqlx::PgPool,
+    schema: &str,
+    mode: tower_idempotency::CouplingMode,
+    layout: impl FnOnce(tower_idempotency::PostgresStore) -> tower_idempotency::PostgresStore,
+) -> tower_idempotency::PostgresStore {
+    let store = tower_idempotency::PostgresStore::new(pool).schema(schema).expect("schema name");
+    let store = layout(store).mode(mode);
+    store.migrate().await.expect("migrate");
+    store
+}
+
 /// A migrated PostgreSQL store in a schema of its own.
 #[cfg(feature = "postgres")]
 pub async fn pg_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
     let schema = unique_name("tidem");
-    // Two tests run at once, and the server allows 100 connections in all.
-    let pool = pg_pool(&schema, 24).await;
-    let store = tower_idempotency::PostgresStore::new(pool).schema(&schema).expect("schema name").mode(mode);
-    store.migrate().await.expect("migrate");
-    store
+    migrated_store(pg_pool(&schema, STORE_CONNECTIONS).await, &schema, mode, |store| store).await
 }
 
 /// How many hash partitions [`pg_partitioned_store`] gives its table: enough that a test's
@@ -246,15 +261,8 @@ pub const TEST_PARTITIONS: u16 = 8;
 #[cfg(feature = "postgres")]
 pub async fn pg_partitioned_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
     let schema = unique_name("tidem");
-    let pool = pg_pool(&schema, 24).await;
-    let store = tower_idempotency::PostgresStore::new(pool)
-        .schema(&schema)
-        .expect("schema name")
-        .hash_partitions(TEST_PARTITIONS)
-        .expect("partition count")
-        .mode(mode);
-    store.migrate().await.expect("migrate");
-    store
+    let partitioned = |store: tower_idempotency::PostgresStore| store.hash_partitions(TEST_PARTITIONS).expect("count");
+    migrated_store(pg_pool(&schema, STORE_CONNECTIONS).await, &schema, mode, partitioned).await
 }
 
 /// A migrated PostgreSQL store in a schema of its own, its answers apart
@@ -262,11 +270,8 @@ pub async fn pg_partitioned_store(mode: tower_idempotency::CouplingMode) -> towe
 #[cfg(feature = "postgres")]
 pub async fn pg_apart_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
     let schema = unique_name("tidem");
-    let pool = pg_pool(&schema, 24).await;
-    let store =
-        tower_idempotency::PostgresStore::new(pool).schema(&schema).expect("schema name").answers_apart().mode(mode);
-    store.migrate().await.expect("migrate");
-    store
+    let apart = |store: tower_idempotency::PostgresStore| store.answers_apart();
+    migrated_store(pg_pool(&schema, STORE_CONNECTIONS).await, &schema, mode, apart).await
 }
 
 /// A migrated PostgreSQL store in a schema of its own, its table hash partitioned into
@@ -285,16 +290,10 @@ pub async fn pg_partitioned_apart_store(mode: tower_idempotency::CouplingMode) -
 #[cfg(feature = "postgres")]
 pub async fn pg_generic_plan_store(mode: tower_idempotency::CouplingMode) -> tower_idempotency::PostgresStore {
     let schema = unique_name("tidem");
-    let pool = pg_generic_plan_pool(&schema, 24).await;
-    let store = tower_idempotency::PostgresStore::new(pool)
-        .schema(&schema)
-        .expect("schema name")
-        .hash_partitions(TEST_PARTITIONS)
-        .expect("partition count")
-        .answers_apart()
-        .mode(mode);
-    store.migrate().await.expect("migrate");
-    store
+    let recommended = |store: tower_idempotency::PostgresStore| {
+        store.hash_partitions(TEST_PARTITIONS).expect("count").answers_apart()
+    };
+    migrated_store(pg_generic_plan_pool(&schema, STORE_CONNECTIONS).await, &schema, mode, recommended).await
 }
 pub mod server;
 #[cfg(feature = "axum")]
