@@ -61,6 +61,8 @@ mod purge_cost;
 mod purge_serving;
 #[path = "support/ratios.rs"]
 mod ratios;
+#[path = "support/scale_fill.rs"]
+mod scale_fill;
 #[path = "support/stored_answer.rs"]
 mod stored_answer;
 #[path = "support/table_size.rs"]
@@ -74,16 +76,15 @@ use std::time::{Duration, Instant};
 
 use bench_db::BenchDatabase;
 use ratios::ratio_line;
+use scale_fill::{Groups, OPERATION};
 use sqlx::PgPool;
-use stored_answer::{answer, answer_body, hex};
+use stored_answer::answer;
 use tower_idempotency::{
     Begin, BeginRequest, Claim, CouplingMode, Fingerprint, IdempotencyKey, Outcome, PostgresStore, RecordId, Scope,
     Store,
 };
 
 const DEFAULT_ROWS: u64 = 10_000_000;
-/// Rows per fill statement.
-const CHUNK: u64 = 500_000;
 const CLIENTS: usize = 8;
 const POOL: u32 = 24;
 /// One latency window.
@@ -118,9 +119,9 @@ enum Work {
 }
 
 const REPLAY_KEYS: u64 = 1_000;
-/// The labels every claim carries, as a route's under an authentication layer's scope do.
+/// The scope every claim carries (its operation is the fill's, `scale_fill::OPERATION`), as a
+/// route's under an authentication layer's scope does.
 const SCOPE: &str = "scale";
-const OPERATION: &str = "POST /orders";
 
 /// A store and the count of keys its clients have used.
 struct Target {
@@ -177,97 +178,6 @@ impl Target {
         latencies.sort_unstable();
         Window { latencies, elapsed: started.elapsed(), server_cores: None }
     }
-}
-
-/// Fills `big`'s table by SQL to `rows` records in the three groups (with its answers in
-/// `big_answers` if `apart`); returns how many carry an answer (the first two groups, written
-/// first) and the table's bytes when they were in.
-async fn fill(pool: &PgPool, rows: u64, apart: bool) -> (u64, u64) {
-    let live = rows * if apart { 35 } else { 70 } / 100;
-    let stale = rows * if apart { 45 } else { 10 } / 100;
-    let answered = live + stale;
-    let headers = hex(&answer().encode_fields());
-    let body = hex(answer_body().as_bytes());
-    let started = Instant::now();
-    let (mut from, mut answered_bytes) = (0, 0);
-    while from < rows {
-        // Chunks end where the answered records do, so their size is read on their own.
-        let to = (from + CHUNK).min(if from < answered { answered } else { rows });
-        // The identity and fingerprint are SHA-256 digests, as the layer's are (random order in
-        // the primary key); the answer varies in its first 16 bytes, so no two rows are alike.
-        // Every row's times differ (by a microsecond a row), as the store's `clock_timestamp()`
-        // makes them: equal times would let the expiry indexes deduplicate their keys and look
-        // several times smaller than they are. The rows take the form the store writes
-        // (`row_sizes` checks it): no fencing token, attempts or scope digest, the scope inside
-        // the operation id's key, and `updated_at` only once a record changed (a tombstone).
-        let step = "g * interval '1 microsecond'";
-        let statement = format!(
-            "INSERT INTO big (record_id, state, fingerprint_version, fingerprint, fencing_token, response_status, \
-                 response_headers, response_body, response_until, forget_at, created_at, updated_at, attempts, \
-                 operation, scope_digest, operation_id) \
-             SELECT sha256(int8send(g)), \
-                 CASE WHEN g < {answered} THEN 'completed' ELSE 'expired' END, 2, sha256(int8send(-g)), NULL, \
-                 CASE WHEN g < {answered} THEN 201 END, \
-                 CASE WHEN g < {answered} THEN '\\x{headers}'::bytea END, \
-                 CASE WHEN g < {answered} THEN overlay('\\x{body}'::bytea placing decode(md5(g::text), 'hex') from 1) END, \
-                 CASE WHEN g < {live} THEN now() + interval '1 day' ELSE now() - interval '1 hour' END + {step}, \
-                 CASE WHEN g < {answered} THEN now() + interval '8 days' ELSE now() - interval '1 minute' END + {step}, \
-                 now() - interval '1 day' + {step}, \
-                 CASE WHEN g < {answered} THEN NULL ELSE now() - interval '1 hour' + {step} END, NULL, \
-                 '{OPERATION}', NULL, substr(sha256(int8send(g) || '\\x01'::bytea), 1, 16) \
-             FROM generate_series({from}::bigint, {to}::bigint - 1) g"
-        );
-        let statement = if apart { apart_fill(from, to, answered, live, &headers, &body) } else { statement };
-        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(pool).await.expect("fill");
-        from = to;
-        if from == answered {
-            {
-                table_size::vacuum(pool).await;
-                let bytes = table_size::total_bytes(pool).await;
-                answered_bytes = bytes;
-                println!(
-                    "filled {from} records with answers in {:.0?}: {} bytes per record (heap + indexes + TOAST)",
-                    started.elapsed(),
-                    bytes / from
-                );
-                table_size::print_sizes(pool, from).await;
-            }
-        } else if from % 2_000_000 < CHUNK {
-            println!("  {from} records, {:.0?}", started.elapsed());
-        }
-    }
-    if apart {
-        // The store's own answers are numbered after the fill's.
-        let sql = "SELECT setval(pg_get_serial_sequence('big_answers', 'seq'), $1)";
-        sqlx::query(sql).bind(rows as i64).execute(pool).await.expect("answer numbers");
-    }
-    (answered, answered_bytes)
-}
-
-/// The fill's rows `from..to` with answers apart: the same records as the fill's statement, each
-/// numbered `g`, its answer (if it has one) the answer numbered `g`, and the record in the form
-/// the store writes it (no answer inline; a tombstone is a record whose answer is gone, never
-/// written since).
-fn apart_fill(from: u64, to: u64, answered: u64, live: u64, headers: &str, body: &str) -> String {
-    let step = "g * interval '1 microsecond'";
-    let until =
-        format!("CASE WHEN g < {live} THEN now() + interval '1 day' ELSE now() - interval '1 hour' END + {step}");
-    let answers = format!(
-        "INSERT INTO big_answers (seq, keep_until, status, headers, body) OVERRIDING SYSTEM VALUE \
-         SELECT g, {until}, 201, '\\x{headers}'::bytea, \
-             overlay('\\x{body}'::bytea placing decode(md5(g::text), 'hex') from 1) \
-         FROM generate_series({from}::bigint, {to}::bigint - 1) g WHERE g < {answered};"
-    );
-    format!(
-        "{answers} \
-         INSERT INTO big (record_id, state, fingerprint_version, fingerprint, fencing_token, response_until, forget_at, \
-             created_at, updated_at, attempts, operation, scope_digest, operation_id, answer_seq) \
-         SELECT sha256(int8send(g)), 'completed', 2, sha256(int8send(-g)), NULL, {until}, \
-             CASE WHEN g < {answered} THEN now() + interval '8 days' ELSE now() - interval '1 minute' END + {step}, \
-             now() - interval '1 day' + {step}, NULL, NULL, '{OPERATION}', NULL, \
-             substr(sha256(int8send(g) || '\\x01'::bytea), 1, 16), g \
-         FROM generate_series({from}::bigint, {to}::bigint - 1) g"
-    )
 }
 
 /// A row as the store writes it (one labelled record with the answer, through `store`) against
@@ -338,7 +248,13 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, apart: bool, 
     }
     println!("filling `big` to {rows} records ...");
     let started = Instant::now();
-    let (answered, answered_bytes) = fill(&pool, rows, apart).await;
+    let groups = Groups {
+        live: rows * if apart { 35 } else { 70 } / 100,
+        stale: rows * if apart { 45 } else { 10 } / 100,
+        kept_tombstones: 0,
+    };
+    let answered = groups.answered();
+    let answered_bytes = scale_fill::fill(&pool, rows, groups, apart).await;
     table_size::vacuum(&pool).await;
     let bytes = table_size::total_bytes(&pool).await;
     println!("filled {rows} records in {:.0?}; {} bytes per record with tombstones", started.elapsed(), bytes / rows);
