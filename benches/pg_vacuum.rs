@@ -23,6 +23,9 @@
 //!    every so many days.
 //! 4. **The vacuum after it**: from a fresh checkpoint, `VACUUM` of each table, one at a time.
 //!
+//! Before 2, on the filled table, what a recovery pass's counts cost: the census of every record
+//! by state (`Admin::counts`) against the open records alone (`Admin::open_counts`).
+//!
 //! For 2 and 4, per table group (the records, the answers): the wall time, and the slowest
 //! partition's; PostgreSQL's CPU (the backends of the benchmark's database, `support/pg_cpu.rs`);
 //! the write-ahead log written and its full-page images, which from a fresh checkpoint count the
@@ -57,6 +60,7 @@ use bench_db::BenchDatabase;
 use pg_cpu::PgCpu;
 use scale_fill::Groups;
 use sqlx::{PgConnection, PgPool};
+use tower_idempotency::store::Admin;
 use tower_idempotency::{CouplingMode, PostgresStore, Store};
 
 const DEFAULT_ROWS: u64 = 3_200_000;
@@ -190,6 +194,7 @@ async fn measure(pool: PgPool, run: Run, cpu: PgCpu) -> Measured {
     println!("filled and vacuumed in {:.0?}", started.elapsed());
     table_size::print_sizes(&pool, rows).await;
     let answer_rows = if apart { groups.answered() } else { rows };
+    count_cost(&store, &cpu, rows).await;
 
     let mut connection = pool.acquire().await.expect("a connection");
     wal::checkpoint(&pool).await;
@@ -225,6 +230,33 @@ async fn measure(pool: PgPool, run: Run, cpu: PgCpu) -> Measured {
     let (vacuum_records, vacuum_answers) =
         vacuum_each(&mut connection, &cpu, (&records, answers.as_ref()), "", (rows, answer_rows)).await;
     Measured { layout, run, partitions: records.len(), freeze_records, freeze_answers, vacuum_records, vacuum_answers }
+}
+
+/// What the recovery worker's counts cost on this table: the census (`Admin::counts`, every
+/// record by state) against the open records alone (`Admin::open_counts`), each three times,
+/// the time of the fastest and PostgreSQL's CPU per call, and the census carried to the plan's
+/// records.
+async fn count_cost(store: &PostgresStore, cpu: &PgCpu, rows: u64) {
+    println!("the recovery pass's counts, best of 3 (PostgreSQL's CPU per call):");
+    for census in [true, false] {
+        let (mut best, before) = (Duration::MAX, cpu.sample().await);
+        for _ in 0..3 {
+            let started = Instant::now();
+            let counts = if census { store.counts().await } else { store.open_counts().await };
+            counts.expect("counts");
+            best = best.min(started.elapsed());
+        }
+        let spent = before.until(&cpu.sample().await).database_ns.map(|ns| ns as f64 / 3.0);
+        let what = if census { "census (Admin::counts)" } else { "open records (Admin::open_counts)" };
+        let cpu = spent.map_or("n/a".into(), |ns| format!("{:.1} ms", ns / 1e6));
+        let carried = match spent {
+            Some(ns) if census => {
+                format!(", {:.0} s at {PLAN_RECORDS:.0} records", ns * PLAN_RECORDS / rows as f64 / 1e9)
+            }
+            _ => String::new(),
+        };
+        println!("  {what:<36} {best:>9.2?}, CPU {cpu}{carried}");
+    }
 }
 
 /// The tables that hold `big`'s rows (itself, or each of its partitions) and its answers table,

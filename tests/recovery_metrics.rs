@@ -127,3 +127,47 @@ fn a_pass_counts_what_it_did_and_sets_the_record_gauges() {
     let oldest = values.gauge(OLDEST_UNKNOWN_SECONDS).expect("the gauge is set");
     assert!(oldest > 0.0, "the unlabelled orphan is the oldest unknown record: {oldest}");
 }
+
+/// Between censuses a pass sets the open states' gauges and leaves the settled states' as the
+/// last census set them; without a census those are never set.
+#[test]
+fn between_censuses_only_the_open_gauges_move() {
+    let values = Values::default();
+    let gauge = |state: &str| values.gauge(&format!("{RECORDS}{{state={state}}}"));
+    metrics::with_local_recorder(&values, || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let store = MemoryStore::new();
+            let fp = fingerprint(2);
+            let done = |name: &'static str| {
+                let store = store.clone();
+                async move {
+                    claim(&store, labelled(&fresh_id(name), &fp)).await.finish(Outcome::Complete(answer(name))).await
+                }
+            };
+            done("first").await.unwrap();
+            let worker = RecoveryWorker::new(store.clone()).census_every(Duration::from_secs(3600));
+            assert!(worker.run_once().await.unwrap().census);
+            done("second").await.unwrap();
+            make_unknown(&store, labelled(&fresh_id("orphan"), &fp)).await;
+            assert!(!worker.run_once().await.unwrap().census);
+        });
+    });
+    assert_eq!(gauge("completed"), Some(1.0), "as the census counted");
+    assert_eq!(gauge("unknown"), Some(1.0), "counted at the pass");
+    assert!(values.gauge(OLDEST_UNKNOWN_SECONDS).is_some_and(|age| age > 0.0));
+
+    let values = Values::default();
+    metrics::with_local_recorder(&values, || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let store = MemoryStore::new();
+            make_unknown(&store, labelled(&fresh_id("orphan"), &fingerprint(3))).await;
+            RecoveryWorker::new(store).without_census().run_once().await.unwrap();
+        });
+    });
+    assert_eq!(values.gauge(&format!("{RECORDS}{{state=unknown}}")), Some(1.0));
+    for state in ["completed", "failed", "expired"] {
+        assert_eq!(values.gauge(&format!("{RECORDS}{{state={state}}}")), None, "{state} is never set");
+    }
+}

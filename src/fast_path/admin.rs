@@ -46,6 +46,10 @@ impl<S: Store + Admin> Admin for FastPath<S> {
         self.inner.counts().await
     }
 
+    async fn open_counts(&self) -> Result<StateCounts, StoreError> {
+        self.inner.open_counts().await
+    }
+
     async fn settle(&self, request: SettleRequest<'_>) -> Result<(), SettleError> {
         let id = *request.id;
         self.forget(&id).await?;

@@ -12,15 +12,12 @@ pub(super) fn actions(actions: &[(&'static str, usize)]) {
     }
 }
 
-/// `idempotency_records{state}` and `idempotency_oldest_unknown_seconds`, from the store's counts.
-pub(super) fn counts(counts: &StateCounts) {
-    for (state, n) in [
-        ("processing", counts.processing),
-        ("completed", counts.completed),
-        ("failed", counts.failed),
-        ("unknown", counts.unknown),
-        ("expired", counts.expired),
-    ] {
+/// `idempotency_records{state}` and `idempotency_oldest_unknown_seconds`, from the store's counts:
+/// every state's after a `census`, else the open states' (the others keep the last census's).
+pub(super) fn counts(counts: &StateCounts, census: bool) {
+    let open = [("processing", counts.processing), ("unknown", counts.unknown)];
+    let settled = [("completed", counts.completed), ("failed", counts.failed), ("expired", counts.expired)];
+    for (state, n) in open.into_iter().chain(settled.into_iter().filter(|_| census)) {
         metrics::gauge!(super::RECORDS, "state" => state).set(n as f64);
     }
     let oldest = counts.oldest_unknown.map_or(0.0, |age| age.as_secs_f64());

@@ -14,6 +14,11 @@
 //!    ([`Backoff`]).
 //! 3. **Retention.** Records past their retention become tombstones and tombstones past theirs
 //!    are deleted ([`Store::purge`]).
+//! 4. **Counts.** The records in each state ([`Admin::counts`]): a census of the whole table,
+//!    every pass by default. On a large table, give it an interval of its own
+//!    ([`census_every`](RecoveryWorker::census_every)) or none
+//!    ([`without_census`](RecoveryWorker::without_census)): the passes between count only the
+//!    open records, `processing` and `unknown` ([`Admin::open_counts`], on their own index).
 //!
 //! It reports what it did ([`RecoveryReport`]) and, with feature `metrics`, emits it through
 //! the `metrics` facade (names and labels are a published interface):
@@ -23,6 +28,9 @@
 //! | `idempotency_recovery_total` | counter | `action`: `marked_unknown`, `reconciled`, `released`, `purged` |
 //! | `idempotency_records` | gauge | `state`: `processing`, `completed`, `failed`, `unknown`, `expired` |
 //! | `idempotency_oldest_unknown_seconds` | gauge | — (0 when there is none) |
+//!
+//! `processing`, `unknown` and the oldest unknown are set every pass; `completed`, `failed`
+//! and `expired` at each census.
 //!
 //! **Several instances at once.** Every step is safe to run from several processes over one
 //! store. PostgreSQL picks each batch `FOR UPDATE SKIP LOCKED`, so concurrent workers take
@@ -62,8 +70,8 @@ mod metrics;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::join;
 use crate::record::StoredResponse;
@@ -134,8 +142,13 @@ pub struct RecoveryReport {
     pub superseded: usize,
     /// Records turned into tombstones or deleted past their retention.
     pub purged: usize,
-    /// The store's counts after the pass (of the last pass, for a sum of passes).
+    /// The store's counts after the pass (of the last pass, for a sum of passes): on a pass
+    /// without a census, `processing`, `unknown` and the oldest unknown as of the pass, the
+    /// other states as of the last census (zero if there was none).
     pub counts: Option<StateCounts>,
+    /// Whether the (last) pass took a census: counted every record by state, not only the open
+    /// ones.
+    pub census: bool,
 }
 
 impl RecoveryReport {
@@ -147,6 +160,7 @@ impl RecoveryReport {
         self.superseded += other.superseded;
         self.purged += other.purged;
         self.counts = other.counts.or(self.counts);
+        self.census = other.census;
     }
 }
 
@@ -161,6 +175,10 @@ pub struct RecoveryWorker<St> {
     retention: Retention,
     reconcile_timeout: Duration,
     concurrency: usize,
+    /// How often a pass counts every record; `None`: never.
+    census_every: Option<Duration>,
+    /// When the last census was taken, and what it counted.
+    last_census: Mutex<Option<(Instant, StateCounts)>>,
 }
 
 impl<St: std::fmt::Debug> std::fmt::Debug for RecoveryWorker<St> {
@@ -188,6 +206,8 @@ impl<St: Store + Admin> RecoveryWorker<St> {
             retention: Retention::default(),
             reconcile_timeout: Duration::from_secs(30),
             concurrency: 8,
+            census_every: Some(Duration::ZERO),
+            last_census: Mutex::new(None),
         }
     }
 
@@ -239,6 +259,33 @@ impl<St: Store + Admin> RecoveryWorker<St> {
         self
     }
 
+    /// How often a pass takes a census, counting every record by state ([`Admin::counts`])
+    /// (default: every pass). The passes between count the open records alone
+    /// ([`Admin::open_counts`]). The SQL stores' census reads the whole records table: on a
+    /// table of hundreds of millions of records, give it hours, or see
+    /// [`without_census`](Self::without_census).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::recovery::RecoveryWorker;
+    ///
+    /// let worker = RecoveryWorker::new(MemoryStore::new()).census_every(Duration::from_secs(6 * 3600));
+    /// # let _ = worker;
+    /// ```
+    pub fn census_every(mut self, interval: Duration) -> Self {
+        self.census_every = Some(interval);
+        self
+    }
+
+    /// No census: every pass counts the open records alone ([`Admin::open_counts`]), and the
+    /// `completed`, `failed` and `expired` gauges are never set (the database's own statistics
+    /// tell the table's size).
+    pub fn without_census(mut self) -> Self {
+        self.census_every = None;
+        self
+    }
+
     /// The store the worker recovers.
     pub fn store(&self) -> &St {
         &self.store
@@ -276,10 +323,37 @@ impl<St: Store + Admin> RecoveryWorker<St> {
                 break;
             }
         }
-        let counts = self.store.counts().await?;
-        emit_counts(&counts);
+        let (counts, census) = self.count().await?;
         report.counts = Some(counts);
+        report.census = census;
         Ok(report)
+    }
+
+    /// The counts that end a pass, and whether they are a census: every record's, if one is
+    /// due, else the open records' with the other states as of the last census.
+    async fn count(&self) -> Result<(StateCounts, bool), StoreError> {
+        let last = *self.last_census.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let due = match (self.census_every, last) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(every), Some((at, _))) => at.elapsed() >= every,
+        };
+        if due {
+            let counts = self.store.counts().await?;
+            *self.last_census.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((Instant::now(), counts));
+            emit_counts(&counts, true);
+            return Ok((counts, true));
+        }
+        let open = self.store.open_counts().await?;
+        emit_counts(&open, false);
+        let counted = last.map(|(_, counts)| counts).unwrap_or_default();
+        let counts = StateCounts {
+            processing: open.processing,
+            unknown: open.unknown,
+            oldest_unknown: open.oldest_unknown,
+            ..counted
+        };
+        Ok((counts, false))
     }
 
     /// Passes every [`every`](Self::every) until `shutdown` resolves (between store calls: the
@@ -370,10 +444,11 @@ fn emit_actions(actions: &[(&'static str, usize)]) {
     let _ = actions;
 }
 
-/// Sets the record gauges (feature `metrics`; nothing otherwise).
-fn emit_counts(counts: &StateCounts) {
+/// Sets the record gauges (feature `metrics`; nothing otherwise): those of every state after a
+/// `census`, else those of the open states.
+fn emit_counts(counts: &StateCounts, census: bool) {
     #[cfg(feature = "metrics")]
-    metrics::counts(counts);
+    metrics::counts(counts, census);
     #[cfg(not(feature = "metrics"))]
-    let _ = counts;
+    let _ = (counts, census);
 }

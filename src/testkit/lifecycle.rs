@@ -179,6 +179,11 @@ pub async fn counts_and_unknown_list_follow_the_records<S: Store + Admin>(store:
     let counts = store.counts().await.expect("counts");
     assert_eq!((counts.completed, counts.failed, counts.unknown, counts.expired), (1, 1, 3, 0), "{counts:?}");
     assert!(counts.oldest_unknown.is_some(), "{counts:?}");
+    let open = store.open_counts().await.expect("open counts");
+    assert_eq!((open.processing, open.unknown), (counts.processing, 3), "the open states as counted: {open:?}");
+    assert_eq!((open.completed, open.failed, open.expired), (0, 0, 0), "only the open states: {open:?}");
+    let oldest = open.oldest_unknown.expect("the oldest unknown");
+    assert!(oldest >= counts.oldest_unknown.unwrap(), "the same oldest: {open:?} {counts:?}");
     let listed: Vec<RecordId> = store.list_unknown(2).await.expect("list").into_iter().map(|info| info.id).collect();
     assert_eq!(listed, unknown[..2], "oldest first, at most the limit");
 }
@@ -194,8 +199,11 @@ pub async fn unknown_record_expires_after_its_retention<S: Store + Admin>(store:
     let (id, fp) = (fresh_id("unknown-expires"), fingerprint(29));
     make_unknown(&store, labelled(&id, &fp).retention(retention)).await;
     assert_eq!(existing(&store, labelled(&id, &fp)).await.state, RecordState::Unknown);
+    assert_eq!(store.open_counts().await.expect("open counts").unknown, 1);
     tokio::time::sleep(Duration::from_millis(450)).await;
     assert_eq!(existing(&store, labelled(&id, &fp)).await.state, RecordState::Expired, "no key is locked forever");
+    let open = store.open_counts().await.expect("open counts");
+    assert_eq!((open.unknown, open.oldest_unknown), (0, None), "past its retention it is not open");
     assert_eq!(info(&store, &id).await.state, RecordState::Expired);
     let late = store.settle(SettleRequest::new(&id, Settlement::Completed(answer("late")))).await;
     assert!(matches!(late, Err(SettleError::NotUnknown(RecordState::Expired))), "{late:?}");
@@ -261,6 +269,40 @@ pub async fn recovery_worker_reconciles_unknown_records<S: Store + Admin>(store:
     assert_eq!(second.still_unknown, 0, "within its backoff the record is not asked about again: {second:?}");
 }
 
+/// A worker takes a census (every record counted by state) at its first pass and then once per
+/// interval; the passes between count the open records alone and keep the census's other
+/// states. By default every pass takes one; without a census none does.
+pub async fn recovery_census_comes_at_its_interval<S: Store + Admin>(store: S) {
+    let fp = fingerprint(36);
+    let complete = |name: &'static str| {
+        let store = store.clone();
+        async move {
+            let id = fresh_id(name);
+            claim(&store, labelled(&id, &fp)).await.finish(Outcome::Complete(answer(name))).await.expect("finish");
+        }
+    };
+    complete("census-first").await;
+    let hourly = RecoveryWorker::new(store.clone()).census_every(Duration::from_secs(3600));
+    let first = hourly.run_once().await.expect("a pass");
+    assert!(first.census, "the first pass takes a census: {first:?}");
+    assert_eq!(first.counts.map(|c| (c.completed, c.unknown)), Some((1, 0)), "{first:?}");
+
+    complete("census-second").await;
+    make_unknown(&store, labelled(&fresh_id("census-unknown"), &fp)).await;
+    let second = hourly.run_once().await.expect("a pass");
+    assert!(!second.census, "within the interval, no census: {second:?}");
+    let counts = second.counts.expect("counts");
+    assert_eq!((counts.completed, counts.unknown), (1, 1), "open states now, the others as counted: {counts:?}");
+    assert!(counts.oldest_unknown.is_some(), "{counts:?}");
+
+    let every_pass = RecoveryWorker::new(store.clone()).run_once().await.expect("a pass");
+    assert!(every_pass.census, "{every_pass:?}");
+    assert_eq!(every_pass.counts.map(|c| (c.completed, c.unknown)), Some((2, 1)), "{every_pass:?}");
+    let never = RecoveryWorker::new(store.clone()).without_census().run_once().await.expect("a pass");
+    assert!(!never.census, "{never:?}");
+    assert_eq!(never.counts.map(|c| (c.completed, c.unknown)), Some((0, 1)), "{never:?}");
+}
+
 /// A renewal extends a leased claim's lease past its first end (a duplicate still finds it in
 /// flight), and a renewal of a claim that lost its record says so, as does its finish.
 pub async fn renewal_extends_the_lease_and_reports_a_lost_claim<S: Store + Admin>(store: S) {
@@ -312,9 +354,11 @@ pub async fn abandoned_processing_record_expires_after_its_retention<S: Store + 
     let (id, fp) = (fresh_id("processing-expires"), fingerprint(34));
     let request = labelled(&id, &fp).lease(Duration::from_secs(60)).retention(retention);
     std::mem::forget(claim(&store, request).await);
+    assert_eq!(store.open_counts().await.expect("open counts").processing, 1);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(existing(&store, labelled(&id, &fp)).await.state, RecordState::Expired);
     assert_eq!(info(&store, &id).await.state, RecordState::Expired);
+    assert_eq!(store.open_counts().await.expect("open counts").processing, 0, "past its retention it is not open");
 }
 
 /// Two workers at once over the records of crashed holders: every record is marked, asked

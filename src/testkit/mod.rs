@@ -85,7 +85,8 @@ macro_rules! lifecycle_suite {
             unknown_record_expires_after_its_retention, checkout_hands_each_due_record_once_per_backoff,
             recovery_worker_reconciles_unknown_records, renewal_extends_the_lease_and_reports_a_lost_claim,
             sweep_marks_stale_leases_unknown_and_releases_reexecutable,
-            abandoned_processing_record_expires_after_its_retention, workers_at_once_settle_each_record_once);
+            abandoned_processing_record_expires_after_its_retention, workers_at_once_settle_each_record_once,
+            recovery_census_comes_at_its_interval);
     };
     (atomic, $make:expr) => {
         $crate::lifecycle_suite!(@cases $make;
@@ -93,7 +94,7 @@ macro_rules! lifecycle_suite {
             unknown_outcome_is_kept_and_reported, settlement_is_fenced_state_checked_and_once,
             not_executed_releases_the_key, eviction_frees_the_key, counts_and_unknown_list_follow_the_records,
             unknown_record_expires_after_its_retention, checkout_hands_each_due_record_once_per_backoff,
-            recovery_worker_reconciles_unknown_records);
+            recovery_worker_reconciles_unknown_records, recovery_census_comes_at_its_interval);
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
         $(

@@ -101,6 +101,7 @@ pub(crate) struct AdminStatements<D> {
     inspect_operation: SqlStr,
     list_unknown: SqlStr,
     counts: SqlStr,
+    open_counts: SqlStr,
     settle: SqlStr,
     settle_release: SqlStr,
     evict: SqlStr,
@@ -165,6 +166,18 @@ impl<D: Dialect> AdminStatements<D> {
                                  THEN '{EXPIRED}' ELSE state END, \
                             count(*), MIN(CASE WHEN state = '{UNKNOWN}' THEN {created} END) \
                      FROM {t} WHERE NOT COALESCE(forget_at <= {now}, {no}) GROUP BY 1",
+                    created = D::epoch_ms("created_at"),
+                ))
+            },
+            // The same counts of the open states alone, whose condition is the predicate of the
+            // index of open records (`open_idx`), so that only they are read.
+            open_counts: {
+                let now = D::now(1);
+                sql(format!(
+                    "SELECT state, count(*), MIN(CASE WHEN state = '{UNKNOWN}' THEN {created} END) \
+                     FROM {t} WHERE state IN ('{PROCESSING}', '{UNKNOWN}') \
+                       AND NOT COALESCE(response_until <= {now}, {no}) AND NOT COALESCE(forget_at <= {now}, {no}) \
+                     GROUP BY state",
                     created = D::epoch_ms("created_at"),
                 ))
             },
@@ -305,8 +318,18 @@ impl<D: Dialect> Records<D> {
     }
 
     pub(crate) async fn counts(&self) -> Result<StateCounts, StoreError> {
+        self.tally(&self.admin().counts).await
+    }
+
+    pub(crate) async fn open_counts(&self) -> Result<StateCounts, StoreError> {
+        self.tally(&self.admin().open_counts).await
+    }
+
+    /// Runs `counts`, a statement of rows (state, count, oldest unknown's claim in ms), and adds
+    /// them up.
+    async fn tally(&self, counts: &SqlStr) -> Result<StateCounts, StoreError> {
         let mut conn = self.pool.acquire().await.map_err(unavailable)?;
-        let statement = Bound::new(&self.admin().counts, Vec::new(), D::now_value());
+        let statement = Bound::new(counts, Vec::new(), D::now_value());
         let rows = D::fetch_counts(&mut conn, statement).await.map_err(unavailable)?;
         let mut counts = StateCounts::default();
         for (state, n, oldest) in rows {

@@ -191,6 +191,10 @@ macro_rules! sql_store_surface {
                 self.records.counts().await
             }
 
+            async fn open_counts(&self) -> Result<$crate::store::StateCounts, $crate::store::StoreError> {
+                self.records.open_counts().await
+            }
+
             async fn settle(
                 &self,
                 request: $crate::store::SettleRequest<'_>,
