@@ -36,6 +36,10 @@
 //! and every figure carried to 3 billion records: each grows with the table (a vacuum reads
 //! every index page whatever it deletes, and a day's purge is a thirtieth of the records).
 //!
+//! `PG_VACUUM_WAL_COMPRESSION=lz4` (or `pglz`, `zstd`, as the server was built) sets
+//! `wal_compression` on the connection that vacuums, so that its log can be read with the
+//! full-page images compressed.
+//!
 //! Run with `cargo bench --bench pg_vacuum --all-features` (PostgreSQL must be running;
 //! `DATABASE_URL` overrides the server). The tables here fit in memory: the times and CPU are
 //! those of cached pages, and the buffers touched are what carries to a table that does not fit.
@@ -197,6 +201,12 @@ async fn measure(pool: PgPool, run: Run, cpu: PgCpu) -> Measured {
     count_cost(&store, &cpu, rows).await;
 
     let mut connection = pool.acquire().await.expect("a connection");
+    if let Ok(method) = std::env::var("PG_VACUUM_WAL_COMPRESSION") {
+        // A session setting (superuser): only the vacuums' full-page images are compressed.
+        let sql = format!("SET wal_compression = {method}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut *connection).await.expect("PG_VACUUM_WAL_COMPRESSION");
+        println!("the vacuums' connection compresses its full-page images: wal_compression = {method}");
+    }
     wal::checkpoint(&pool).await;
     println!("freezing (VACUUM (FREEZE), each table in turn, from a fresh checkpoint):");
     let (freeze_records, freeze_answers) =
