@@ -77,7 +77,6 @@ const PURGE_BATCH: usize = 5_000;
 const PAGE_BYTES: f64 = 8192.0;
 
 /// One table of `big`: its oid and its name, as `VACUUM` takes it.
-#[derive(Clone)]
 struct Table {
     oid: i64,
     name: String,

@@ -347,13 +347,7 @@ impl<St: Store + Admin> RecoveryWorker<St> {
         let open = self.store.open_counts().await?;
         emit_counts(&open, false);
         let counted = last.map(|(_, counts)| counts).unwrap_or_default();
-        let counts = StateCounts {
-            processing: open.processing,
-            unknown: open.unknown,
-            oldest_unknown: open.oldest_unknown,
-            ..counted
-        };
-        Ok((counts, false))
+        Ok((counted.with_open_of(&open), false))
     }
 
     /// Passes every [`every`](Self::every) until `shutdown` resolves (between store calls: the

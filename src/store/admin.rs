@@ -112,6 +112,14 @@ pub struct StateCounts {
     pub oldest_unknown: Option<Duration>,
 }
 
+impl StateCounts {
+    /// These counts with the open states (`processing`, `unknown` and the oldest unknown)
+    /// taken from `open`.
+    pub(crate) fn with_open_of(self, open: &StateCounts) -> StateCounts {
+        StateCounts { processing: open.processing, unknown: open.unknown, oldest_unknown: open.oldest_unknown, ..self }
+    }
+}
+
 /// How an `unknown` record is settled, by hand or by a reconciler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -247,15 +255,7 @@ pub trait Admin: Clone + Send + Sync + 'static {
     ///
     /// The default takes them from [`counts`](Self::counts).
     fn open_counts(&self) -> impl Future<Output = Result<StateCounts, StoreError>> + Send {
-        async move {
-            let all = self.counts().await?;
-            Ok(StateCounts {
-                processing: all.processing,
-                unknown: all.unknown,
-                oldest_unknown: all.oldest_unknown,
-                ..StateCounts::default()
-            })
-        }
+        async move { Ok(StateCounts::default().with_open_of(&self.counts().await?)) }
     }
 
     /// Settles an `unknown` record: a fenced, state-checked transition.
