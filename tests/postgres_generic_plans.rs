@@ -180,3 +180,167 @@ fn storm_of_identical_requests_creates_exactly_one_order_per_key_on_generic_plan
         println!("generic-plan storm: {KEYS} keys x {DUPLICATES} requests, {conflicts} answers were 409");
     });
 }
+
+/// The plans PostgreSQL sends a connection of [`support::pg_explained_generic_plan_pool`]: each
+/// notice that carries one (`auto_explain`'s "duration: … plan:" message).
+#[derive(Clone, Default)]
+struct Plans(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Plans {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+struct Message<'a>(&'a mut Option<String>);
+
+impl tracing::field::Visit for Message<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = Some(format!("{value:?}"));
+        }
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            *self.0 = Some(value.to_owned());
+        }
+    }
+}
+
+impl tracing::Subscriber for Plans {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "sqlx::postgres::notice"
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = None;
+        event.record(&mut Message(&mut message));
+        if let Some(plan) = message.filter(|m| m.contains("plan:")) {
+            self.0.lock().unwrap().push(plan);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The partitions of the records table and of its answers table that `plan`'s nodes read or
+/// write (a scan of one, or of its index): `idempotency_records_p012`,
+/// `idempotency_records_answers_p012_pkey`. An `UPDATE` or `DELETE` on the partitioned table
+/// lists every partition as its possible target ("Update on idempotency_records_p000", …),
+/// opened only when a row the plan's scans found is written to it: those lines, and the
+/// statement's text, are not counted.
+fn partitions_named(plan: &str) -> std::collections::BTreeSet<String> {
+    let targets = ["Query Text:", "Update on ", "Delete on ", "Insert on "];
+    let nodes = plan.lines().filter(|line| !targets.iter().any(|target| line.trim_start().starts_with(target)));
+    let mut named = std::collections::BTreeSet::new();
+    for (line, at) in nodes.flat_map(|line| line.match_indices("idempotency_records_").map(move |(at, _)| (line, at))) {
+        let rest = &line[at + "idempotency_records_".len()..];
+        let (table, rest) = match rest.strip_prefix("answers_") {
+            Some(rest) => ("answers", rest),
+            None => ("records", rest),
+        };
+        let digits = rest.strip_prefix('p').map(|r| r.chars().take_while(char::is_ascii_digit).collect::<String>());
+        if let Some(digits) = digits.filter(|d| d.len() == 3) {
+            named.insert(format!("{table} p{digits}"));
+        }
+    }
+    named
+}
+
+/// Whether `plan` names more than one partition of the records table or of its answers table.
+fn more_than_one_partition_of_a_table(plan: &str) -> bool {
+    let named = partitions_named(plan);
+    ["records", "answers"].iter().any(|table| named.iter().filter(|name| name.starts_with(table)).count() > 1)
+}
+
+/// Every statement a request's life sends, in both modes, on the recommended layout (64 hash
+/// partitions, answers apart) planned generically: each one's plan, as it ran (the claim's
+/// function and what runs inside it, the read of a replay, an answer to a different body, a
+/// request in flight, the finish of each outcome, a lease's renewal and a stale lease taken
+/// over), reads or writes one partition of each table at most. At 3 billion records a
+/// statement that visits every partition is a scan of each (`docs/scale.md`), so a change that
+/// loses the pruning fails here. A count of every record, sent the same way, shows the check
+/// sees such a statement.
+#[tokio::test]
+async fn every_statement_of_a_request_s_life_reads_one_partition_on_generic_plans() {
+    for mode in [CouplingMode::Atomic, CouplingMode::Leased] {
+        let schema = support::unique_name("tidem");
+        let pool = support::pg_explained_generic_plan_pool(&schema, 4).await;
+        let store = PostgresStore::new(pool.clone()).schema(&schema).unwrap().hash_partitions(64).unwrap();
+        let store = store.answers_apart().mode(mode);
+        store.migrate().await.expect("migrate");
+        let plans = Plans::default();
+        let seen = {
+            let _default = tracing::subscriber::set_default(plans.clone());
+            a_request_s_life(&store, mode).await;
+            sqlx::query_scalar::<_, i64>("SELECT count(*) /* every record */ FROM idempotency_records")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            plans.take()
+        };
+        let wide: Vec<&String> = seen.iter().filter(|plan| more_than_one_partition_of_a_table(plan)).collect();
+        assert!(seen.len() >= 20, "{mode:?}: the plans of the request's statements: {}", seen.len());
+        assert!(
+            seen.iter().any(|plan| plan.contains("Subplans Removed: 63")),
+            "{mode:?}: a generic plan pruned when it ran:\n{}",
+            seen.join("\n\n")
+        );
+        let shown = wide.iter().map(|plan| plan.as_str()).collect::<Vec<_>>().join("\n\n");
+        assert_eq!(wide.len(), 1, "{mode:?}: only the count visits more than one partition:\n{shown}");
+        assert!(wide[0].contains("every record"), "{mode:?}: {shown}");
+        println!("{mode:?}: {} plans, each of one partition of each table but the count's", seen.len());
+    }
+}
+
+/// What [`every_statement_of_a_request_s_life_reads_one_partition_on_generic_plans`] sends: every
+/// path of a request through `store` in mode `mode`.
+async fn a_request_s_life(store: &PostgresStore, mode: CouplingMode) {
+    let claim = |id, byte| async move {
+        match store.begin(BeginRequest::new(id, &fingerprint(byte))).await.expect("begin") {
+            Begin::Claimed(claim) => claim,
+            _ => panic!("{mode:?}: a fresh identity is claimed"),
+        }
+    };
+    // Completed, replayed, and asked again with another body.
+    let completed = fresh_id("life");
+    claim(&completed, 1).await.finish(Outcome::Complete(answer("done"))).await.expect("finish");
+    for byte in [1, 2] {
+        let begun = store.begin(BeginRequest::new(&completed, &fingerprint(byte))).await.unwrap();
+        assert!(matches!(begun, Begin::Existing(_)), "{mode:?}: the record");
+    }
+    // Rejected; released and claimed again; unknown.
+    let rejected = fresh_id("life");
+    claim(&rejected, 1).await.finish(Outcome::Reject(answer("no"))).await.expect("reject");
+    let released = fresh_id("life");
+    claim(&released, 1).await.finish(Outcome::Release).await.expect("release");
+    claim(&released, 1).await.finish(Outcome::Unknown(answer("unsure"))).await.expect("unknown");
+    // In flight: a second request while the first holds it; the first renews and finishes.
+    let in_flight = fresh_id("life");
+    let first = claim(&in_flight, 1).await;
+    let second = store.begin(BeginRequest::new(&in_flight, &fingerprint(1)).wait(Duration::ZERO)).await.unwrap();
+    assert!(matches!(second, Begin::InFlight { .. }), "{mode:?}: in flight");
+    first.renew(Duration::from_secs(30)).await.expect("renew");
+    first.finish(Outcome::Complete(answer("after a wait"))).await.expect("finish");
+    if mode == CouplingMode::Leased {
+        // A lease that runs out: taken over to execute again, and marked unknown.
+        for policy in [tower_idempotency::StaleLeasePolicy::Reexecute, tower_idempotency::StaleLeasePolicy::MarkUnknown]
+        {
+            let (stale, one) = (fresh_id("life"), fingerprint(1));
+            let short = BeginRequest::new(&stale, &one).lease(Duration::from_millis(20));
+            let Begin::Claimed(lost) = store.begin(short).await.unwrap() else { panic!("claimed") };
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            let again = BeginRequest::new(&stale, &one).stale_lease(policy);
+            let taken = store.begin(again).await.unwrap();
+            if let Begin::Claimed(taken) = taken {
+                taken.finish(Outcome::Complete(answer("taken over"))).await.expect("finish");
+            }
+            let finished = lost.finish(Outcome::Complete(answer("too late"))).await;
+            assert!(finished.is_err(), "{mode:?}: the stale claim's answer is refused");
+        }
+    }
+}

@@ -199,6 +199,22 @@ pub async fn pg_generic_plan_pool(schema: &str, connections: u32) -> sqlx::PgPoo
     pg_pool_setting(schema, connections, Duration::from_secs(30), &[("plan_cache_mode", "force_generic_plan")]).await
 }
 
+/// [`pg_generic_plan_pool`], each connection also sending the client the plan of every statement
+/// it runs, nested ones (in functions) too, as it finishes: PostgreSQL's `auto_explain` loaded
+/// into the session, logging at `LOG`, which `client_min_messages = log` sends to the client
+/// (sqlx hands such notices to `tracing`, target `sqlx::postgres::notice`, at `TRACE`).
+#[cfg(feature = "postgres")]
+pub async fn pg_explained_generic_plan_pool(schema: &str, connections: u32) -> sqlx::PgPool {
+    let settings = [
+        ("plan_cache_mode", "force_generic_plan"),
+        ("session_preload_libraries", "auto_explain"),
+        ("auto_explain.log_min_duration", "0"),
+        ("auto_explain.log_nested_statements", "on"),
+        ("client_min_messages", "log"),
+    ];
+    pg_pool_setting(schema, connections, Duration::from_secs(30), &settings).await
+}
+
 /// [`pg_pool_with`], each connection also setting the server parameters `settings`.
 #[cfg(feature = "postgres")]
 async fn pg_pool_setting(

@@ -325,6 +325,12 @@ impl<D: Dialect> Records<D> {
         self.tally(&self.admin().open_counts).await
     }
 
+    /// The text of [`open_counts`](Self::open_counts)' statement, for a test of its plan.
+    #[cfg(test)]
+    pub(crate) fn open_counts_sql(&self) -> &str {
+        self.admin().open_counts.as_str()
+    }
+
     /// Runs `counts`, a statement of rows (state, count, oldest unknown's claim in ms), and adds
     /// them up.
     async fn tally(&self, counts: &SqlStr) -> Result<StateCounts, StoreError> {

@@ -115,6 +115,8 @@ use crate::record::RecordState;
 use crate::store::{Begin, BeginRequest, CouplingMode, FinishError, Outcome, Retention, StoreError};
 
 mod gates;
+#[cfg(test)]
+mod plans;
 
 const MIGRATION_0001: &str = include_str!("../../../../migrations/sqlite/0001_create_records.sql");
 const MIGRATION_0002: &str = include_str!("../../../../migrations/sqlite/0002_deployment_secret.sql");
