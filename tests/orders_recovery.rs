@@ -271,6 +271,8 @@ fn an_invalid_retention_tombstone_or_janitor_period_stops_the_start() {
         ("ORDERS_TOMBSTONE_SECS", "1e3"),
         ("ORDERS_JANITOR_SECS", "0.0"),
         ("ORDERS_JANITOR_SECS", "999999999999"),
+        ("ORDERS_CENSUS_SECS", "0"),
+        ("ORDERS_CENSUS_SECS", "an hour"),
     ] {
         let mut child = Command::new(orders_binary())
             .env("ORDERS_ADDR", "127.0.0.1:0")

@@ -6,7 +6,12 @@
 //! - `ORDERS_TOMBSTONE_SECS` (default 604800, seven days): how long after that a retry with
 //!   the same key is refused with 422 `idempotency_key_expired` (after that the key is
 //!   forgotten, and may be used again);
-//! - `ORDERS_JANITOR_SECS` (default 60): how often the recovery worker runs.
+//! - `ORDERS_JANITOR_SECS` (default 60): how often the recovery worker runs;
+//! - `ORDERS_CENSUS_SECS` (default: unset, a census every pass): how often a pass of the
+//!   recovery worker counts every record by state (the `completed`, `failed` and `expired`
+//!   gauges); the passes between count only the open records (`processing`, `unknown`) from
+//!   their index. On PostgreSQL and SQLite a census reads the whole records table: with hundreds
+//!   of millions of records, set it to hours (`docs/scale.md`, "The recovery pass's counts").
 //!
 //! Each must be a plain decimal number of seconds (digits, optionally a fraction: no sign, no
 //! exponent), greater than zero and at most ten years. Anything else stops the start with a
@@ -36,6 +41,9 @@ pub(crate) struct Lifecycle {
     pub(crate) tombstone: Duration,
     /// How often the recovery worker runs (`ORDERS_JANITOR_SECS`).
     pub(crate) janitor_every: Duration,
+    /// How often the recovery worker counts every record (`ORDERS_CENSUS_SECS`); `None`: at
+    /// every pass.
+    pub(crate) census_every: Option<Duration>,
 }
 
 impl Default for Lifecycle {
@@ -44,6 +52,7 @@ impl Default for Lifecycle {
             retention: Duration::from_secs(DEFAULT_RETENTION_SECS),
             tombstone: Duration::from_secs(DEFAULT_TOMBSTONE_SECS),
             janitor_every: Duration::from_secs(DEFAULT_JANITOR_SECS),
+            census_every: None,
         }
     }
 }
@@ -69,11 +78,20 @@ impl Lifecycle {
             ("ORDERS_TOMBSTONE_SECS", &mut lifecycle.tombstone),
             ("ORDERS_JANITOR_SECS", &mut lifecycle.janitor_every),
         ];
+        let seconds = |name: &str| -> Result<Option<Duration>, BoxError> {
+            match var(name).filter(|text| !text.is_empty()) {
+                Some(text) => {
+                    Ok(Some(parse_seconds(&text).map_err(|problem| format!("{name} {problem}, got {text:?}"))?))
+                }
+                None => Ok(None),
+            }
+        };
         for (name, setting) in settings {
-            if let Some(text) = var(name).filter(|text| !text.is_empty()) {
-                *setting = parse_seconds(&text).map_err(|problem| format!("{name} {problem}, got {text:?}"))?;
+            if let Some(value) = seconds(name)? {
+                *setting = value;
             }
         }
+        lifecycle.census_every = seconds("ORDERS_CENSUS_SECS")?;
         Ok(lifecycle)
     }
 }
@@ -117,6 +135,7 @@ mod tests {
         assert_eq!(defaults.retention, Duration::from_secs(86_400));
         assert_eq!(defaults.tombstone, Duration::from_secs(604_800));
         assert_eq!(defaults.janitor_every, Duration::from_secs(60));
+        assert_eq!(defaults.census_every, None, "a census every pass");
     }
 
     #[test]
@@ -131,12 +150,15 @@ mod tests {
         assert_eq!(lifecycle.tombstone, Duration::from_millis(500));
         assert_eq!(lifecycle.janitor_every, Duration::from_micros(1));
         assert_eq!(from(&[("ORDERS_JANITOR_SECS", "315360000")]).unwrap().janitor_every, Duration::from_secs(MAX_SECS));
+        assert_eq!(from(&[("ORDERS_CENSUS_SECS", "3600")]).unwrap().census_every, Some(Duration::from_secs(3600)));
+        assert_eq!(from(&[("ORDERS_CENSUS_SECS", "")]).unwrap().census_every, None);
     }
 
     #[test]
     fn invalid_values_stop_the_start_naming_the_variable() {
         for bad in ["0", "0.0", "0.0000001", "-1", "+1", "1e3", "1.", ".5", "abc", "1 2", "inf", "NaN", "315360000.1"] {
-            for name in ["ORDERS_RETENTION_SECS", "ORDERS_TOMBSTONE_SECS", "ORDERS_JANITOR_SECS"] {
+            for name in ["ORDERS_RETENTION_SECS", "ORDERS_TOMBSTONE_SECS", "ORDERS_JANITOR_SECS", "ORDERS_CENSUS_SECS"]
+            {
                 let error = from(&[(name, bad)]).expect_err(bad);
                 assert!(error.starts_with(name), "{error}");
                 assert!(error.contains(&format!("{bad:?}")), "{error}");

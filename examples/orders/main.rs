@@ -107,8 +107,12 @@
 //!   is forgotten.
 //! - `ORDERS_JANITOR_SECS` (default 60): how often the recovery worker runs (stale leases,
 //!   reconciliation, purge of what is past its retention; see `recovery.rs`).
+//! - `ORDERS_CENSUS_SECS` (default: unset, at every pass): how often the recovery worker counts
+//!   every record by state for the `completed`, `failed` and `expired` gauges, a read of the
+//!   whole records table; the passes between count the open records alone, from their index.
+//!   With hundreds of millions of records, set it to hours.
 //!
-//!   These three are seconds, fractions allowed (`0.5`), greater than zero and at most ten
+//!   These four are seconds, fractions allowed (`0.5`), greater than zero and at most ten
 //!   years; anything else stops the start (see `lifecycle.rs`).
 //! - `PSP_URL` (`http://127.0.0.1:3100`): the payment provider (`cargo run --example psp`);
 //!   unset, the payment routes answer 503 `payments_unavailable`. `ORDERS_PSP_TIMEOUT_MS`

@@ -12,6 +12,10 @@
 //! `ORDERS_RECONCILE_SECS`, with the payment reconciler (`payments/mod.rs`); it runs beside this
 //! one over the same records, which the crate's worker allows.
 //!
+//! Each pass ends by counting the records by state for the `idempotency_records` gauges: a
+//! census of every record at every pass, or at most every `ORDERS_CENSUS_SECS` if that is set
+//! (the passes between count the open records alone, from their index).
+//!
 //! What a pass did is written to stderr when it did anything; a pass that fails is written
 //! there too, and the next one tried. On shutdown the pass in progress stops between two store
 //! calls (every step is safe to repeat), before the database connections close.
@@ -46,6 +50,10 @@ pub(crate) fn worker<St: Store + Admin>(
     drill_on: Option<&OrderBook>,
 ) -> RecoveryWorker<St> {
     let worker = RecoveryWorker::new(store).every(lifecycle.janitor_every).retention(lifecycle.retention());
+    let worker = match lifecycle.census_every {
+        Some(every) => worker.census_every(every),
+        None => worker,
+    };
     match drill_on {
         None => worker,
         Some(book) => {
@@ -104,4 +112,30 @@ fn log(report: &RecoveryReport) {
         report.superseded,
         report.purged
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tower_idempotency::MemoryStore;
+
+    use super::*;
+
+    /// Whether each of three passes of the service's worker, with `lifecycle`, took a census.
+    async fn censuses(lifecycle: Lifecycle) -> Vec<bool> {
+        let worker = worker(MemoryStore::new(), &lifecycle, None);
+        let mut taken = Vec::new();
+        for _ in 0..3 {
+            taken.push(worker.run_once().await.expect("a pass").census);
+        }
+        taken
+    }
+
+    #[tokio::test]
+    async fn a_census_every_pass_unless_orders_census_secs_spaces_them() {
+        assert_eq!(censuses(Lifecycle::default()).await, [true, true, true]);
+        let hourly = Lifecycle { census_every: Some(Duration::from_secs(3600)), ..Lifecycle::default() };
+        assert_eq!(censuses(hourly).await, [true, false, false]);
+    }
 }

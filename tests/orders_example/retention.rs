@@ -14,6 +14,7 @@ pub(crate) async fn a_key_past_its_retention_is_422_expired_until_its_tombstone_
         retention: Duration::from_millis(400),
         tombstone: Duration::from_millis(400),
         janitor_every: Duration::from_secs(60),
+        ..Lifecycle::default()
     };
     let service = Orders::with_lifecycle(db, lifecycle);
     let body = order_body("book", "100");

@@ -95,7 +95,10 @@ pub(crate) fn operator_routes<A: Admin>(book: OrderBook, records: A, lifecycle: 
 }
 
 /// The recovery worker of the payment records, every `ORDERS_RECONCILE_SECS`, with the payment
-/// reconciler; `None` when payments are off.
+/// reconciler; `None` when payments are off. It takes no census of the records: the service's
+/// own worker does (`recovery.rs`, at most every `ORDERS_CENSUS_SECS`), and a census every few
+/// seconds would read the whole records table that often. Its passes count the open records
+/// alone, from their index.
 pub(crate) fn worker<St: Store + Admin>(
     records: St,
     book: &OrderBook,
@@ -111,6 +114,7 @@ pub(crate) fn worker<St: Store + Admin>(
             // Every unknown payment is looked at again each period, not less and less often.
             .backoff(Backoff { first: every, max: every })
             .retention(lifecycle.retention())
+            .without_census()
             // A lookup and a re-sent charge, each bounded by the provider timeout.
             .reconcile_timeout(settings.timeout * 3)
             .reconciler(PAYMENTS_OPERATION, move |record: RecordInfo| reconciler.clone().reconcile(record)),
@@ -127,4 +131,26 @@ async fn settle_from_charge(book: &OrderBook, attempt: &Attempt, charge: &Charge
         attempts::settle_succeeded(book, &attempt.payment_id, &charge.charge_id, now).await?;
     }
     Ok(attempts::by_id(book, &attempt.payment_id).await?.unwrap_or_else(|| attempt.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::sqlite::SqlitePoolOptions;
+    use tower_idempotency::MemoryStore;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_payment_worker_counts_the_open_records_alone() {
+        let pool = SqlitePoolOptions::new().connect("sqlite::memory:").await.expect("a pool");
+        let settings = PaymentSettings::from_vars(|name| (name == "PSP_URL").then(|| "http://127.0.0.1:9".to_owned()))
+            .expect("payments on");
+        let worker = worker(MemoryStore::new(), &OrderBook::Sqlite(pool), &Lifecycle::default(), &settings)
+            .expect("payments on");
+        for _ in 0..2 {
+            let pass = worker.run_once().await.expect("a pass");
+            assert!(!pass.census, "{pass:?}");
+            assert!(pass.counts.is_some(), "the open records still counted: {pass:?}");
+        }
+    }
 }
