@@ -21,10 +21,12 @@
 //!    `Claim::finish` with the 300-byte answer; a replay is `begin` on a completed key), with
 //!    `CLIENTS` concurrent clients, on `big` against `small`, in rounds whose order alternates,
 //!    p50 and p99 per round and their ratios (median and range), then the log a claim writes;
-//! 3. **the purge alone**: batches of 5,000 back to back for a few seconds with nothing else
-//!    running: records a second, and PostgreSQL's CPU per purged record (the backends of the
-//!    benchmark's database, `support/pg_cpu.rs`), which says how much of the database's CPU a
-//!    purge at the aim's rate takes from serving;
+//! 3. **the purge alone**: batches of 500 (the recovery worker's default) back to back for a
+//!    second, then of 5,000 for two, with nothing else running: records a second, and
+//!    PostgreSQL's CPU per purged record (the backends of the benchmark's database,
+//!    `support/pg_cpu.rs`), which says how much of the database's CPU a purge at the aim's rate
+//!    takes from serving. Then the purge on `small`, where nothing is due: PostgreSQL's CPU a
+//!    call (on partitions, the probes that look into every partition);
 //! 4. **purge throughput while serving**: the same claims as traffic, windows without a purge
 //!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
 //!    size: records purged per second, and the serving throughput with the purge over the one
@@ -315,6 +317,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, apart: bool, 
 
     claim_log(&targets, &pool).await;
     purge_cost::purge_alone(&big, &pool, &cpu).await;
+    purge_cost::purge_idle(&targets[0].store, &pool, &cpu).await;
 
     purge_serving::measure(&targets[1], &pool, &cpu, partitions.is_some()).await;
 }

@@ -129,6 +129,35 @@ async fn the_purge_walks_the_partitions_within_its_limit_on_generic_plans() {
     }
 }
 
+/// The purge's probes of the partitions (one for each step that walks them) are prepared once
+/// on a connection and run on their kept generic plan: written afresh on every call, they were
+/// parsed and planned each time (`docs/scale.md`, "What a call of the purge costs on
+/// partitions").
+#[tokio::test]
+async fn the_purge_s_probes_are_prepared_once_and_run_on_their_generic_plan() {
+    let schema = support::unique_name("tidem");
+    // One connection: every purge runs on it.
+    let pool = support::pg_generic_plan_pool(&schema, 1).await;
+    let store = PostgresStore::new(pool.clone()).schema(&schema).unwrap().hash_partitions(64).unwrap().answers_apart();
+    store.migrate().await.expect("migrate");
+    const CALLS: i64 = 4;
+    for _ in 0..CALLS {
+        assert_eq!(store.purge(100).await.expect("purge"), 0, "nothing due");
+    }
+    let probes: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE statement LIKE 'SELECT 0::bigint WHERE (SELECT %'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let runs: Vec<(i64, i64)> = probes.iter().map(|(_, generic, custom)| (*generic, *custom)).collect();
+    assert_eq!(runs, [(CALLS, 0), (CALLS, 0)], "the records' two steps' probes, each kept and run on its generic plan");
+    for (statement, _, _) in &probes {
+        assert_eq!(statement.matches("UNION ALL").count(), 63, "one subquery a partition");
+    }
+}
+
 /// An atomic claim whose record another writer commits first: on generic plans the violation
 /// still names a partition's primary key, and the claim still reports the identity lost.
 #[tokio::test]

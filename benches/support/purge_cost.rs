@@ -1,11 +1,14 @@
 //! What a purged record costs PostgreSQL, for `pg_scale` (issue 16's purge aim: 50,000 records
 //! a second while serving, serving dropping at most 10 %).
 //!
-//! Three measures, each with nothing else running, each as records a second, PostgreSQL's CPU per
+//! Four measures, each with nothing else running, each as records a second, PostgreSQL's CPU per
 //! record (the backends of the benchmark's database, `pg_cpu.rs`) and the bytes of write-ahead
 //! log per record (the whole server's):
 //!
-//! - [`purge_alone`]: `Store::purge` while the fill's deletable tombstones are there (deletes);
+//! - [`purge_idle`]: `Store::purge` on a table with nothing due: its cost a call (per call, not
+//!   per record);
+//! - [`purge_alone`]: `Store::purge` while the fill's deletable tombstones are there (deletes),
+//!   for one second in the recovery worker's default batch (500), then in batches of 5,000;
 //! - [`tombstones_alone`]: `Store::purge` once they are gone, so every purged record is one made
 //!   a tombstone (an UPDATE);
 //! - [`floor_alone`]: the **floor** under making tombstones: the store's own UPDATE (the same
@@ -35,6 +38,9 @@ use crate::pg_cpu::PgCpu;
 const ALONE: Duration = Duration::from_secs(2);
 /// Records per statement: the purge's batch of the other measures.
 pub const BATCH: usize = 5_000;
+/// The recovery worker's batch unless told otherwise (`RecoveryWorker::batch`): on partitions,
+/// each call of the purge pays its probe for this many records.
+const WORKER_BATCH: usize = 500;
 /// At most this many rows for [`floor_alone`] (it stops at [`ALONE`] if sooner).
 const FLOOR_ALONE_ROWS: usize = 150_000;
 
@@ -86,11 +92,11 @@ fn report(label: &str, spent: Spent) -> Option<f64> {
     Some(per_record_us)
 }
 
-/// `Store::purge` in batches of [`BATCH`] for up to [`ALONE`].
-async fn purge_for(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -> Spent {
+/// `Store::purge` in batches of `batch` for up to `time`.
+async fn purge_for(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu, batch: usize, time: Duration) -> Spent {
     let (meter, mut records) = (Meter::start(pool, cpu).await, 0u64);
-    while meter.elapsed() < ALONE {
-        match big.purge(BATCH).await.expect("purge") {
+    while meter.elapsed() < time {
+        match big.purge(batch).await.expect("purge") {
             0 => break,
             n => records += n as u64,
         }
@@ -98,10 +104,34 @@ async fn purge_for(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -> Spent {
     meter.stop(pool, cpu, records).await
 }
 
+/// How many calls [`purge_idle`] makes.
+const IDLE_CALLS: u64 = 200;
+
+/// `Store::purge` on a table with nothing due (`store`, the benchmark's `small`), nothing else
+/// running: what each call of a recovery pass's purge costs PostgreSQL when it finds nothing,
+/// and what it costs on top of the rows it purges when it does. On partitions that is the
+/// probes (one statement that looks into every partition, for each step that walks them).
+pub async fn purge_idle(store: &PostgresStore, pool: &PgPool, cpu: &PgCpu) {
+    let meter = Meter::start(pool, cpu).await;
+    for _ in 0..IDLE_CALLS {
+        assert_eq!(store.purge(BATCH).await.expect("purge"), 0, "nothing due on this table");
+    }
+    let spent = meter.stop(pool, cpu, IDLE_CALLS).await;
+    let per_call = spent.elapsed / IDLE_CALLS as u32;
+    match spent.cpu_us() {
+        Some(us) => println!(
+            "  a purge that finds nothing due ({IDLE_CALLS} calls): PostgreSQL CPU {us:.0} µs a call ({per_call:.2?} each)"
+        ),
+        None => println!("  a purge that finds nothing due ({IDLE_CALLS} calls, {per_call:.2?} each); no CPU reading"),
+    }
+}
+
 /// The purge with nothing else running, while the fill's deletable records are there.
 pub async fn purge_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) {
-    println!("\nthe purge alone (batch {BATCH}, nothing else running):");
-    report("store, deleting", purge_for(big, pool, cpu).await);
+    println!("\nthe purge alone (nothing else running):");
+    let label = format!("store, deleting, batch {WORKER_BATCH} (the recovery worker's default)");
+    report(&label, purge_for(big, pool, cpu, WORKER_BATCH, ALONE / 2).await);
+    report(&format!("store, deleting, batch {BATCH}"), purge_for(big, pool, cpu, BATCH, ALONE).await);
 }
 
 /// The purge with nothing else running once nothing is left to delete: every record it purges
@@ -109,7 +139,7 @@ pub async fn purge_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) {
 /// Returns the CPU a record, in µs.
 pub async fn tombstones_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -> Option<f64> {
     let (rows_before, _) = count(pool).await;
-    let spent = purge_for(big, pool, cpu).await;
+    let spent = purge_for(big, pool, cpu, BATCH, ALONE).await;
     let (rows_after, _) = count(pool).await;
     let label = match rows_before - rows_after {
         0 => "store, making tombstones".to_owned(),

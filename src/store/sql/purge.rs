@@ -28,6 +28,9 @@ use crate::store::decide::EXPIRED;
 pub(crate) struct Purge {
     /// For each step, in the order they run, its statement on each table it walks.
     steps: Vec<Vec<PurgeStep>>,
+    /// For each step that walks several tables (the partitions), its probe of them
+    /// ([`probe`](Self::probe)).
+    probes: Vec<Option<SqlStr>>,
     /// Where the next purge starts walking the partitions, so that a purge whose limit runs out
     /// early does not always favour the first ones.
     start: AtomicUsize,
@@ -60,7 +63,8 @@ impl Purge {
                 vec![reaching::<D>(answers, "keep_until")],
             ],
         };
-        Self { steps, start: AtomicUsize::new(0) }
+        let probes = steps.iter().map(|tables| probe_of(tables)).collect();
+        Self { steps, probes, start: AtomicUsize::new(0) }
     }
 
     /// Where this purge starts walking each step's tables (taken modulo their count).
@@ -89,31 +93,20 @@ impl Purge {
     /// number of each table with rows due from `froms` (see [`froms`](Self::froms)), so that
     /// the purge sends its statement only to those: one probe of each partition's index in one
     /// round trip, instead of a statement for each partition, most of which find nothing.
-    /// `None` for a step on one table. Only PostgreSQL partitions, so its SQL is written here.
+    /// `None` for a step on one table. The statement is the same on every call, where each
+    /// walk starts bound as a parameter, so that it is prepared once on a connection: written
+    /// afresh with the starts in its text, it was parsed and planned on every call (on 64
+    /// partitions, about 1.5 ms of PostgreSQL's CPU each time, against 0.05 ms for its plan
+    /// kept on the connection).
     pub(crate) fn probe(&self, step: usize, froms: &[i64]) -> Option<Bound> {
-        let tables = &self.steps[step];
-        if tables.len() < 2 {
-            return None;
-        }
-        let sql = tables
+        let sql = self.probes[step].as_ref()?;
+        let args = self.steps[step]
             .iter()
             .zip(froms)
-            .enumerate()
-            .map(|(n, (table, from))| {
-                // In the order of the index, as the statement walks it: the first entry due
-                // answers, whatever the statistics say of a scan of the table. (Not `EXISTS`:
-                // PostgreSQL drops the order and the limit of an `EXISTS` subquery, and may
-                // scan the table instead.)
-                format!(
-                    "SELECT {n}::bigint WHERE (SELECT {order} FROM {t} WHERE {due} ORDER BY {order} LIMIT 1) IS NOT NULL",
-                    t = table.table,
-                    due = table.due.replace("{from}", &from.to_string()),
-                    order = table.order,
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" UNION ALL ");
-        Some(Bound::new(&AssertSqlSafe(sql).into_sql_str(), vec![], None).unprepared())
+            .filter(|(table, _)| table.due.contains("{from}"))
+            .map(|(_, &from)| Arg::Int(Some(from)))
+            .collect();
+        Some(Bound::new(sql, args, None))
     }
 
     /// The tables step `step` walks, in order: starting at `start` (taken modulo their count),
@@ -160,6 +153,39 @@ impl PurgeStep {
         let sql = AssertSqlSafe(sql).into_sql_str();
         Self { table: table.to_owned(), due, order, sql, reach: reaches.then(Reach::default) }
     }
+}
+
+/// The probe of `tables`, one step's tables (see [`Purge::probe`]): `None` for one table. Where
+/// a table's walk starts is a parameter, numbered in the order of the tables that keep track
+/// of it. Only PostgreSQL partitions, so its SQL is written here.
+fn probe_of(tables: &[PurgeStep]) -> Option<SqlStr> {
+    if tables.len() < 2 {
+        return None;
+    }
+    let mut parameters = 0;
+    let sql = tables
+        .iter()
+        .enumerate()
+        .map(|(n, table)| {
+            let due = if table.due.contains("{from}") {
+                parameters += 1;
+                table.due.replace("{from}", &format!("${parameters}"))
+            } else {
+                table.due.clone()
+            };
+            // In the order of the index, as the statement walks it: the first entry due
+            // answers, whatever the statistics say of a scan of the table. (Not `EXISTS`:
+            // PostgreSQL drops the order and the limit of an `EXISTS` subquery, and may scan
+            // the table instead.)
+            format!(
+                "SELECT {n}::bigint WHERE (SELECT {order} FROM {t} WHERE {due} ORDER BY {order} LIMIT 1) IS NOT NULL",
+                t = table.table,
+                order = table.order,
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    Some(AssertSqlSafe(sql).into_sql_str())
 }
 
 /// Inline: deletes from `t` the tombstones past their tombstone time. A record reaches that

@@ -222,6 +222,7 @@ pub(super) async fn check_layout(
 mod tests {
     use super::*;
     use crate::store::sql::answers::Answers;
+    use crate::store::sql::dialect::Arg;
     use crate::store::sql::postgres::Pg;
     use crate::store::sql::purge::Purge;
 
@@ -296,10 +297,20 @@ mod tests {
         assert_eq!(sql.matches("ORDER BY forget_at LIMIT 1) IS NOT NULL").count(), 3, "{sql}");
         assert!(
             sql.contains(
-                "SELECT 1::bigint WHERE (SELECT forget_at FROM p1 WHERE forget_at >= 'epoch'::timestamptz + 42::bigint"
+                "SELECT 1::bigint WHERE (SELECT forget_at FROM p1 WHERE forget_at >= 'epoch'::timestamptz + $2::bigint"
             ),
             "{sql}"
         );
-        assert!(!sql.contains("{from}") && !sql.contains("$"), "every value written in: {sql}");
+        assert!(!sql.contains("{from}") && !sql.contains("$4"), "a parameter for each walk's start: {sql}");
+        let starts: Vec<Option<i64>> =
+            probe.args.iter().map(|arg| if let Arg::Int(from) = arg { *from } else { None }).collect();
+        assert_eq!(starts, vec![Some(0), Some(42), Some(0)]);
+        assert!(probe.prepared, "kept on the connection");
+        // The same statement whatever the starts, so that it is prepared once.
+        purge.reached(0, 2, Some(7));
+        assert_eq!(purge.probe(0, &purge.froms(0)).expect("a probe").sql.as_str(), sql);
+        // A step that does not keep track of where it reached has no parameters.
+        let expire = purge.probe(1, &purge.froms(1)).expect("a probe");
+        assert!(expire.args.is_empty() && !expire.sql.as_str().contains('$'), "{}", expire.sql.as_str());
     }
 }
