@@ -103,7 +103,7 @@ impl Purge {
         let args = self.steps[step]
             .iter()
             .zip(froms)
-            .filter(|(table, _)| table.due.contains("{from}"))
+            .filter(|(table, _)| table.reach.is_some())
             .map(|(_, &from)| Arg::Int(Some(from)))
             .collect();
         Some(Bound::new(sql, args, None))
@@ -157,7 +157,7 @@ impl PurgeStep {
 
 /// The probe of `tables`, one step's tables (see [`Purge::probe`]): `None` for one table. Where
 /// a table's walk starts is a parameter, numbered in the order of the tables that keep track
-/// of it. Only PostgreSQL partitions, so its SQL is written here.
+/// of it ([`Reach`]; their condition has `{from}` where the walk starts). Only PostgreSQL partitions, so its SQL is written here.
 fn probe_of(tables: &[PurgeStep]) -> Option<SqlStr> {
     if tables.len() < 2 {
         return None;
@@ -167,7 +167,7 @@ fn probe_of(tables: &[PurgeStep]) -> Option<SqlStr> {
         .iter()
         .enumerate()
         .map(|(n, table)| {
-            let due = if table.due.contains("{from}") {
+            let due = if table.reach.is_some() {
                 parameters += 1;
                 table.due.replace("{from}", &format!("${parameters}"))
             } else {
