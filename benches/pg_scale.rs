@@ -31,7 +31,8 @@
 //!    against windows with a task calling `Store::purge(batch)` back to back, for each batch
 //!    size: records purged per second, and the serving throughput with the purge over the one
 //!    without (the window before it), and the whole server's CPU in each (`support/pg_cpu.rs`);
-//!    first with the purge paced at the aim's rate (a batch of 5,000 every 100 ms) in
+//!    first with the purge paced at the aim's rate by the recovery worker
+//!    (`RecoveryWorker::purge_rate(50_000)`, calls of 5,000: one every 100 ms) in
 //!    `PACED_ROUNDS` rounds whose two windows alternate in order (median and range of the
 //!    ratios), then flat out, then paced again in rounds (by then making tombstones);
 //! 5. **making tombstones against its floor** (`support/purge_cost.rs`): the purge alone, the

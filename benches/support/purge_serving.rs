@@ -1,19 +1,22 @@
 //! The purge while claims are served, for `pg_scale` (issue 16's purge aim: 50,000 records a
 //! second while serving, serving dropping at most 10 %).
 //!
-//! Each measure is a pair of windows of claims on `big`: one with a task calling
-//! `Store::purge(batch)` (back to back, or paced at the aim's rate), one without. Printed per
-//! pair: records purged a second (how many deleted and how many made tombstones), the serving
-//! throughput with the purge over the one without, the claims' p99 and the whole server's CPU in
-//! each. The paced purge runs in [`PACED_ROUNDS`] pairs whose two windows alternate in order, so
-//! that neither always has the fresher table or the quieter moment; their ratios are given as a
-//! median and a range, as the latency rounds are.
+//! Each measure is a pair of windows of claims on `big`: one with a purge running, one without.
+//! The purge is a task calling `Store::purge(batch)` back to back (flat out), or the recovery
+//! worker paced at the aim's rate (`RecoveryWorker::purge_rate`, calls of [`PACED_BATCH`]: what
+//! an application runs). Printed per pair: records purged a second (how many deleted and how
+//! many made tombstones), the serving throughput with the purge over the one without, the
+//! claims' p99 and the whole server's CPU in each. The paced purge runs in [`PACED_ROUNDS`]
+//! pairs whose two windows alternate in order, so that neither always has the fresher table or
+//! the quieter moment; their ratios are given as a median and a range, as the latency rounds
+//! are.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
+use tower_idempotency::recovery::RecoveryWorker;
 use tower_idempotency::{PostgresStore, Store};
 
 use crate::pg_cpu::PgCpu;
@@ -24,8 +27,10 @@ use crate::{CLIENTS, Target, Window, Work, purge_cost};
 pub const PURGE_WINDOW: Duration = Duration::from_secs(5);
 /// The flat-out purges' batch sizes.
 const BATCHES: [usize; 3] = [1_000, 5_000, 20_000];
-/// The paced purge: a batch of this size every `PACE`, the aim's 50,000 records a second.
+/// The paced purge: the recovery worker in calls of this size, at most [`PACED_RATE`] records a
+/// second (the aim's), so a call every `PACE` while it keeps up.
 const PACED_BATCH: usize = 5_000;
+const PACED_RATE: u32 = 50_000;
 const PACE: Duration = Duration::from_millis(100);
 /// Pairs of windows of the paced purge, each time it runs.
 const PACED_ROUNDS: usize = 3;
@@ -38,7 +43,7 @@ pub async fn measure(serving: &Target, pool: &PgPool, cpu: &PgCpu, partitioned: 
     println!("\npurge while serving claims on `big`, {CLIENTS} clients, windows of {PURGE_WINDOW:?}");
     paced_rounds(serving, pool, cpu, "deleting").await;
     for batch in BATCHES {
-        pair(serving, pool, cpu, batch, None, false).await;
+        pair(serving, pool, cpu, batch, false, false).await;
     }
     paced_rounds(serving, pool, cpu, "by now making tombstones").await;
     tombstones_against_floor(serving, pool, cpu, partitioned).await;
@@ -49,72 +54,81 @@ pub async fn measure(serving: &Target, pool: &PgPool, cpu: &PgCpu, partitioned: 
 async fn paced_rounds(serving: &Target, pool: &PgPool, cpu: &PgCpu, what: &str) {
     let mut ratios = Vec::new();
     for round in 0..PACED_ROUNDS {
-        ratios.push(pair(serving, pool, cpu, PACED_BATCH, Some(PACE), round % 2 == 1).await);
+        ratios.push(pair(serving, pool, cpu, PACED_BATCH, true, round % 2 == 1).await);
     }
     ratio_line(&format!("  paced, {what}: serving with / without"), ratios);
 }
 
-/// One pair of windows, one without a purge and one with a purge of `batch` (paced every `pace`,
-/// or flat out), the one with the purge first if `purge_first`. Prints the pair's line; returns
-/// the serving ratio.
-async fn pair(
-    serving: &Target,
-    pool: &PgPool,
-    cpu: &PgCpu,
-    batch: usize,
-    pace: Option<Duration>,
-    purge_first: bool,
-) -> f64 {
+/// One pair of windows, one without a purge and one with a purge of `batch` (`paced` by the
+/// worker, or flat out), the one with the purge first if `purge_first`. Prints the pair's line;
+/// returns the serving ratio.
+async fn pair(serving: &Target, pool: &PgPool, cpu: &PgCpu, batch: usize, paced: bool, purge_first: bool) -> f64 {
     let mut without = None;
     if !purge_first {
-        without = Some(serve(serving, cpu).await);
+        without = Some(serve(serving, pool, cpu).await);
     }
     let (before, expired_before) = purge_cost::count(pool).await;
     let claimed_before = serving.next.load(Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
-    let purger = tokio::spawn(purge_until(serving.store.clone(), batch, pace, stop.clone()));
-    let with = serve(serving, cpu).await;
+    let purger = match paced {
+        true => tokio::spawn(paced_worker(serving.store.clone(), stop.clone())),
+        false => tokio::spawn(purge_until(serving.store.clone(), batch, stop.clone())),
+    };
+    let with = serve(serving, pool, cpu).await;
     stop.store(true, Ordering::Relaxed);
     let (purged, elapsed) = purger.await.expect("purger");
     let (after, expired_after) = purge_cost::count(pool).await;
     let inserted = (serving.next.load(Ordering::Relaxed) - claimed_before) as i64;
     let deleted = before + inserted - after;
     let tombstoned = expired_after - (expired_before - deleted);
+    // The worker reports a pass when it ends, and a paced pass outlasts the window: count from
+    // the table.
+    let purged = purged.unwrap_or((deleted + tombstoned) as usize);
     let without = match without {
         Some(without) => without,
-        None => serve(serving, cpu).await,
+        None => serve(serving, pool, cpu).await,
     };
     println!(
         "  batch {batch:>6}{}{}: {:>7.0} records/s purged ({deleted} deleted, {tombstoned} made tombstones in {elapsed:.1?}); {}",
-        pace.map_or_else(|| ", flat out".to_owned(), |pace| format!(" every {pace:?}")),
+        if paced { format!(", worker at {PACED_RATE}/s") } else { ", flat out".to_owned() },
         if purge_first { ", purge first" } else { "" },
         purged as f64 / elapsed.as_secs_f64(),
         serving_line(&with, &without)
     );
-    with.throughput() / without.throughput()
+    with.window.throughput() / without.window.throughput()
 }
 
-/// Calls `Store::purge(batch)` until `stop` is set or nothing is left, every `pace` if given.
-/// Returns the records purged and the time taken.
-async fn purge_until(
-    store: PostgresStore,
-    batch: usize,
-    pace: Option<Duration>,
-    stop: Arc<AtomicBool>,
-) -> (usize, Duration) {
+/// Calls `Store::purge(batch)` back to back until `stop` is set or nothing is left. Returns the
+/// records purged and the time taken.
+async fn purge_until(store: PostgresStore, batch: usize, stop: Arc<AtomicBool>) -> (Option<usize>, Duration) {
     let (mut purged, started) = (0usize, Instant::now());
-    let mut ticks = pace.map(tokio::time::interval);
     while !stop.load(Ordering::Relaxed) {
-        if let Some(ticks) = &mut ticks {
-            ticks.tick().await;
-        }
         let n = store.purge(batch).await.expect("purge");
         purged += n;
         if n == 0 {
             break;
         }
     }
-    (purged, started.elapsed())
+    (Some(purged), started.elapsed())
+}
+
+/// The recovery worker as an application runs it on a large table, purging in calls of
+/// [`PACED_BATCH`] at most [`PACED_RATE`] records a second, passes back to back and no census,
+/// until `stop` is set. Returns the time taken (the records purged are counted from the table).
+async fn paced_worker(store: PostgresStore, stop: Arc<AtomicBool>) -> (Option<usize>, Duration) {
+    let started = Instant::now();
+    let worker = RecoveryWorker::new(store)
+        .purge_batch(PACED_BATCH)
+        .purge_rate(PACED_RATE)
+        .without_census()
+        .every(Duration::ZERO);
+    let stopped = async {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    worker.run(stopped).await;
+    (None, started.elapsed())
 }
 
 /// Making tombstones (the purge's dearer half): the store's purge against its floor.
@@ -143,9 +157,9 @@ async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &PgCpu, 
         );
         return;
     }
-    let without = serve(serving, cpu).await;
+    let without = serve(serving, pool, cpu).await;
     let floor = purge_cost::FloorTask::start(pool.clone(), rows, PACE);
-    let with = serve(serving, cpu).await;
+    let with = serve(serving, pool, cpu).await;
     let (expired, elapsed) = floor.stop().await;
     println!(
         "  floor paced ({} every {PACE:?}) while serving: {:.0} tombstones/s ({expired} in {elapsed:.1?}); {}",
@@ -155,27 +169,79 @@ async fn tombstones_against_floor(serving: &Target, pool: &PgPool, cpu: &PgCpu, 
     );
 }
 
-/// Claims for one window of the purge measurement, with the server's CPU over it.
-async fn serve(serving: &Target, cpu: &PgCpu) -> Window {
-    let before = cpu.sample().await;
-    let mut window = serving.run(Work::Claim, PURGE_WINDOW).await;
-    let spent = before.until(&cpu.sample().await);
-    window.server_cores = spent.server_ns.map(|ns| ns as f64 / window.elapsed.as_nanos() as f64);
-    window
+/// One window of claims, and what the server's log took meanwhile.
+struct Served {
+    window: Window,
+    log: LogUse,
 }
 
-/// Serving throughput with a purge over without one, the claims' p99 and the server's CPU in each.
-fn serving_line(with: &Window, without: &Window) -> String {
+/// What the server's write-ahead log took over a window: bytes (from the insert position,
+/// exact), full-page images (from `pg_stat_wal`, which backends report about once a second, so
+/// to within a second's worth) and checkpoints begun. The whole server's, so only with nothing
+/// else running.
+#[derive(Clone, Copy)]
+struct LogUse {
+    bytes: i64,
+    full_pages: i64,
+    checkpoints: i64,
+}
+
+impl LogUse {
+    /// The log's counters now.
+    async fn mark(pool: &PgPool) -> Self {
+        let (bytes, full_pages, checkpoints): (i64, i64, i64) = sqlx::query_as(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint, \
+                    (SELECT wal_fpi FROM pg_stat_wal), \
+                    (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("the log's counters");
+        Self { bytes, full_pages, checkpoints }
+    }
+
+    /// What was taken from `self` to `later`.
+    fn until(self, later: Self) -> Self {
+        Self {
+            bytes: later.bytes - self.bytes,
+            full_pages: later.full_pages - self.full_pages,
+            checkpoints: later.checkpoints - self.checkpoints,
+        }
+    }
+}
+
+/// Claims for one window of the purge measurement, with the server's CPU and log over it.
+async fn serve(serving: &Target, pool: &PgPool, cpu: &PgCpu) -> Served {
+    let (before, log_before) = (cpu.sample().await, LogUse::mark(pool).await);
+    let mut window = serving.run(Work::Claim, PURGE_WINDOW).await;
+    let spent = before.until(&cpu.sample().await);
+    let log = log_before.until(LogUse::mark(pool).await);
+    window.server_cores = spent.server_ns.map(|ns| ns as f64 / window.elapsed.as_nanos() as f64);
+    Served { window, log }
+}
+
+/// Serving throughput with a purge over without one, the claims' p99, and the server's CPU and
+/// log in each.
+fn serving_line(with: &Served, without: &Served) -> String {
     let cores = |window: &Window| window.server_cores.map_or_else(|| "n/a".to_owned(), |cores| format!("{cores:.2}"));
+    let per_second = |served: &Served, n: i64| n as f64 / served.window.elapsed.as_secs_f64();
+    let (w, wo) = (&with.window, &without.window);
     format!(
         "serving {:.0}/s with / {:.0}/s without = {:.2}x (aim >= 0.90x), claim p99 {:.2?} / {:.2?}, \
-         PostgreSQL {} / {} cores",
-        with.throughput(),
-        without.throughput(),
-        with.throughput() / without.throughput(),
-        with.quantile(0.99),
-        without.quantile(0.99),
-        cores(with),
-        cores(without),
+         PostgreSQL {} / {} cores, log {:.1} / {:.1} MB/s, {:.0} / {:.0} full-page images/s, \
+         checkpoints begun {} / {}",
+        w.throughput(),
+        wo.throughput(),
+        w.throughput() / wo.throughput(),
+        w.quantile(0.99),
+        wo.quantile(0.99),
+        cores(w),
+        cores(wo),
+        per_second(with, with.log.bytes) / 1e6,
+        per_second(without, without.log.bytes) / 1e6,
+        per_second(with, with.log.full_pages),
+        per_second(without, without.log.full_pages),
+        with.log.checkpoints,
+        without.log.checkpoints,
     )
 }

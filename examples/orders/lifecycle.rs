@@ -11,9 +11,13 @@
 //!   recovery worker counts every record by state (the `completed`, `failed` and `expired`
 //!   gauges); the passes between count only the open records (`processing`, `unknown`) from
 //!   their index. On PostgreSQL and SQLite a census reads the whole records table: with hundreds
-//!   of millions of records, set it to hours (`docs/scale.md`, "The recovery pass's counts").
+//!   of millions of records, set it to hours (`docs/scale.md`, "The recovery pass's counts");
+//! - `ORDERS_PURGE_RATE` (default: unset, no limit): the most records a second the recovery
+//!   worker's purge takes (`RecoveryWorker::purge_rate`), so that a backlog of records past
+//!   their retention is purged at that pace instead of flat out, which takes the database's CPU
+//!   from serving. A whole number greater than zero, at most 4294967295.
 //!
-//! Each must be a plain decimal number of seconds (digits, optionally a fraction: no sign, no
+//! Each of the `_SECS` settings must be a plain decimal number of seconds (digits, optionally a fraction: no sign, no
 //! exponent), greater than zero and at most ten years. Anything else stops the start with a
 //! message naming the variable. Zero is refused on purpose: no replay window, no tombstone (a
 //! late retry would then create a second order) or a worker that never sleeps are never what
@@ -44,6 +48,9 @@ pub(crate) struct Lifecycle {
     /// How often the recovery worker counts every record (`ORDERS_CENSUS_SECS`); `None`: at
     /// every pass.
     pub(crate) census_every: Option<Duration>,
+    /// The most records a second the worker's purge takes (`ORDERS_PURGE_RATE`); `None`: no
+    /// limit.
+    pub(crate) purge_rate: Option<u32>,
 }
 
 impl Default for Lifecycle {
@@ -53,6 +60,7 @@ impl Default for Lifecycle {
             tombstone: Duration::from_secs(DEFAULT_TOMBSTONE_SECS),
             janitor_every: Duration::from_secs(DEFAULT_JANITOR_SECS),
             census_every: None,
+            purge_rate: None,
         }
     }
 }
@@ -92,7 +100,26 @@ impl Lifecycle {
             }
         }
         lifecycle.census_every = seconds("ORDERS_CENSUS_SECS")?;
+        lifecycle.purge_rate = match var("ORDERS_PURGE_RATE").filter(|text| !text.is_empty()) {
+            Some(text) => {
+                Some(parse_rate(&text).map_err(|problem| format!("ORDERS_PURGE_RATE {problem}, got {text:?}"))?)
+            }
+            None => None,
+        };
         Ok(lifecycle)
+    }
+}
+
+/// A whole number of records a second, greater than zero and at most `u32::MAX`.
+fn parse_rate(text: &str) -> Result<u32, String> {
+    let text = text.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("must be a whole number of records a second (digits only, such as 50000)".to_owned());
+    }
+    match text.parse::<u32>() {
+        Ok(0) => Err("must be more than zero records a second".to_owned()),
+        Ok(rate) => Ok(rate),
+        Err(_) => Err(format!("must be at most {} records a second", u32::MAX)),
     }
 }
 
@@ -136,6 +163,7 @@ mod tests {
         assert_eq!(defaults.tombstone, Duration::from_secs(604_800));
         assert_eq!(defaults.janitor_every, Duration::from_secs(60));
         assert_eq!(defaults.census_every, None, "a census every pass");
+        assert_eq!(defaults.purge_rate, None, "the purge at no limit");
     }
 
     #[test]
@@ -152,6 +180,19 @@ mod tests {
         assert_eq!(from(&[("ORDERS_JANITOR_SECS", "315360000")]).unwrap().janitor_every, Duration::from_secs(MAX_SECS));
         assert_eq!(from(&[("ORDERS_CENSUS_SECS", "3600")]).unwrap().census_every, Some(Duration::from_secs(3600)));
         assert_eq!(from(&[("ORDERS_CENSUS_SECS", "")]).unwrap().census_every, None);
+    }
+
+    #[test]
+    fn the_purge_rate_is_a_whole_number_of_records_a_second() {
+        assert_eq!(from(&[("ORDERS_PURGE_RATE", "50000")]).unwrap().purge_rate, Some(50_000));
+        assert_eq!(from(&[("ORDERS_PURGE_RATE", " 1 ")]).unwrap().purge_rate, Some(1));
+        assert_eq!(from(&[("ORDERS_PURGE_RATE", "4294967295")]).unwrap().purge_rate, Some(u32::MAX));
+        assert_eq!(from(&[("ORDERS_PURGE_RATE", "")]).unwrap().purge_rate, None);
+        for bad in ["0", "-1", "+1", "1.5", "1e3", "abc", "1 2", "4294967296"] {
+            let error = from(&[("ORDERS_PURGE_RATE", bad)]).expect_err(bad);
+            assert!(error.starts_with("ORDERS_PURGE_RATE"), "{error}");
+            assert!(error.contains(&format!("{bad:?}")), "{error}");
+        }
     }
 
     #[test]

@@ -114,6 +114,9 @@
 //!
 //!   These four are seconds, fractions allowed (`0.5`), greater than zero and at most ten
 //!   years; anything else stops the start (see `lifecycle.rs`).
+//! - `ORDERS_PURGE_RATE` (default: unset, no limit): the most records a second the recovery
+//!   worker purges, so that a backlog past its retention does not take the database's CPU
+//!   from serving; a whole number greater than zero, else the start stops.
 //! - `PSP_URL` (`http://127.0.0.1:3100`): the payment provider (`cargo run --example psp`);
 //!   unset, the payment routes answer 503 `payments_unavailable`. `ORDERS_PSP_TIMEOUT_MS`
 //!   (default 2000) bounds one provider call, `ORDERS_RECONCILE_SECS` (default 5) is how often

@@ -54,6 +54,10 @@ pub(crate) fn worker<St: Store + Admin>(
         Some(every) => worker.census_every(every),
         None => worker,
     };
+    let worker = match lifecycle.purge_rate {
+        Some(rate) => worker.purge_rate(rate),
+        None => worker,
+    };
     match drill_on {
         None => worker,
         Some(book) => {
@@ -137,5 +141,14 @@ mod tests {
         assert_eq!(censuses(Lifecycle::default()).await, [true, true, true]);
         let hourly = Lifecycle { census_every: Some(Duration::from_secs(3600)), ..Lifecycle::default() };
         assert_eq!(censuses(hourly).await, [true, false, false]);
+    }
+
+    #[test]
+    fn the_worker_purges_at_orders_purge_rate_when_it_is_set() {
+        let unset = worker(MemoryStore::new(), &Lifecycle::default(), None);
+        assert!(format!("{unset:?}").contains("purge_rate: None"), "{unset:?}");
+        let paced = Lifecycle { purge_rate: Some(50_000), ..Lifecycle::default() };
+        let paced = worker(MemoryStore::new(), &paced, None);
+        assert!(format!("{paced:?}").contains("purge_rate: Some(50000)"), "{paced:?}");
     }
 }

@@ -13,7 +13,8 @@
 //!    record still unknown is looked at again after its backoff, which doubles per look
 //!    ([`Backoff`]).
 //! 3. **Retention.** Records past their retention become tombstones and tombstones past theirs
-//!    are deleted ([`Store::purge`]).
+//!    are deleted ([`Store::purge`]), at most [`purge_rate`](RecoveryWorker::purge_rate) a
+//!    second if one is given.
 //! 4. **Counts.** The records in each state ([`Admin::counts`]): a census of the whole table,
 //!    every pass by default. On a large table, give it an interval of its own
 //!    ([`census_every`](RecoveryWorker::census_every)) or none
@@ -67,6 +68,7 @@
 
 #[cfg(feature = "metrics")]
 mod metrics;
+mod pace;
 #[cfg(test)]
 mod tests;
 
@@ -75,6 +77,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use self::pace::Pace;
 use crate::join;
 use crate::record::StoredResponse;
 use crate::store::{
@@ -174,6 +177,8 @@ pub struct RecoveryWorker<St> {
     batch: usize,
     /// How many records one purge call takes; `None`: [`batch`](Self::batch).
     purge_batch: Option<usize>,
+    /// How fast the purge may go; `None`: as fast as the store answers.
+    purge_pace: Option<Pace>,
     every: Duration,
     backoff: Backoff,
     retention: Retention,
@@ -193,6 +198,7 @@ impl<St: std::fmt::Debug> std::fmt::Debug for RecoveryWorker<St> {
             .field("reconcilers", &operations)
             .field("batch", &self.batch)
             .field("purge_batch", &self.purge_batch.unwrap_or(self.batch))
+            .field("purge_rate", &self.purge_pace.as_ref().map(Pace::records_per_second))
             .field("every", &self.every)
             .finish_non_exhaustive()
     }
@@ -207,6 +213,7 @@ impl<St: Store + Admin> RecoveryWorker<St> {
             reconcilers: Vec::new(),
             batch: 500,
             purge_batch: None,
+            purge_pace: None,
             every: Duration::from_secs(60),
             backoff: Backoff::default(),
             retention: Retention::default(),
@@ -250,6 +257,30 @@ impl<St: Store + Admin> RecoveryWorker<St> {
     /// ```
     pub fn purge_batch(mut self, records: usize) -> Self {
         self.purge_batch = Some(records.max(1));
+        self
+    }
+
+    /// The most records a second the purge takes (default: no limit, each call as soon as the
+    /// one before has answered; at least 1). A call that purged `n` records holds the next back
+    /// until `n / records_per_second` seconds after its own start, within a pass and from one
+    /// pass to the next, so a backlog (the first pass after a deployment, a day's records
+    /// reaching their retention at once) is worked off at this rate instead of flat out.
+    ///
+    /// Flat out, the purge takes all the database's CPU it can get from serving: on the 2-core
+    /// machine of `docs/scale.md` ("Purge"), serving fell by 31 % to 64 % while it ran.
+    /// Give a few times the rate at which records are created, and a
+    /// [`purge_batch`](Self::purge_batch) that it divides into several calls a second.
+    ///
+    /// ```
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::recovery::RecoveryWorker;
+    ///
+    /// // Calls of 5,000 records, ten a second at most.
+    /// let worker = RecoveryWorker::new(MemoryStore::new()).purge_batch(5_000).purge_rate(50_000);
+    /// # let _ = worker;
+    /// ```
+    pub fn purge_rate(mut self, records_per_second: u32) -> Self {
+        self.purge_pace = Some(Pace::new(records_per_second));
         self
     }
 
@@ -343,7 +374,14 @@ impl<St: Store + Admin> RecoveryWorker<St> {
         }
         let purge_batch = self.purge_batch.unwrap_or(self.batch);
         loop {
+            let started = match &self.purge_pace {
+                Some(pace) => Some(pace.ready().await),
+                None => None,
+            };
             let purged = self.store.purge(purge_batch).await?;
+            if let (Some(pace), Some(started)) = (&self.purge_pace, started) {
+                pace.spent(started, purged);
+            }
             report.purged += purged;
             emit_actions(&[("purged", purged)]);
             if purged < purge_batch {

@@ -3,6 +3,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::RecoveryWorker;
 use crate::fingerprint::{FINGERPRINT_VERSION, Fingerprint};
 use crate::key::IdempotencyKey;
@@ -14,11 +16,13 @@ use crate::store::{
 };
 use crate::{RecordId, Scope};
 
-/// A [`MemoryStore`] that notes the limit of each purge and lease sweep it is asked for.
+/// A [`MemoryStore`] that notes the limit of each purge and lease sweep it is asked for, and
+/// when each purge was called.
 #[derive(Clone, Debug, Default)]
 struct Limits {
     store: MemoryStore,
     purges: Arc<Mutex<Vec<usize>>>,
+    purged_at: Arc<Mutex<Vec<Instant>>>,
     sweeps: Arc<Mutex<Vec<usize>>>,
 }
 
@@ -31,6 +35,7 @@ impl Store for Limits {
 
     async fn purge(&self, limit: usize) -> Result<usize, StoreError> {
         self.purges.lock().unwrap().push(limit);
+        self.purged_at.lock().unwrap().push(Instant::now());
         self.store.purge(limit).await
     }
 }
@@ -108,4 +113,37 @@ async fn without_a_purge_batch_the_purge_takes_the_worker_s() {
     assert_eq!(report.purged, 7, "{report:?}");
     assert_eq!(*store.purges.lock().unwrap(), [3, 3, 3]);
     assert_eq!(format!("{:?}", RecoveryWorker::new(store).batch(3)).matches("batch: 3").count(), 2);
+}
+
+/// When each purge call of `store` was made, in milliseconds after `began`.
+fn purge_offsets(store: &Limits, began: Instant) -> Vec<u128> {
+    store.purged_at.lock().unwrap().iter().map(|at| (*at - began).as_millis()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_purge_rate_holds_each_call_to_its_share_within_a_pass_and_into_the_next() {
+    let store = Limits::default();
+    due_records(&store, 12).await;
+    let worker = RecoveryWorker::new(store.clone()).purge_batch(5).purge_rate(10);
+    let began = Instant::now();
+    let report = worker.run_once().await.expect("a pass");
+    assert_eq!(report.purged, 12, "{report:?}");
+    assert_eq!(purge_offsets(&store, began), [0, 500, 1_000], "5 records at 10 a second: 500 ms");
+    // The next pass's first call waits out the last call's share: 2 records, 200 ms.
+    due_records(&store, 1).await;
+    let report = worker.run_once().await.expect("a pass");
+    assert_eq!(report.purged, 1, "{report:?}");
+    assert_eq!(purge_offsets(&store, began), [0, 500, 1_000, 1_200]);
+    assert!(format!("{worker:?}").contains("purge_rate: Some(10)"), "{worker:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_purge_rate_the_purge_calls_follow_each_other_at_once() {
+    let store = Limits::default();
+    due_records(&store, 12).await;
+    let worker = RecoveryWorker::new(store.clone()).purge_batch(5);
+    let began = Instant::now();
+    assert_eq!(worker.run_once().await.expect("a pass").purged, 12);
+    assert_eq!(purge_offsets(&store, began), [0, 0, 0]);
+    assert!(format!("{worker:?}").contains("purge_rate: None"), "{worker:?}");
 }
