@@ -22,7 +22,9 @@
 //!    `CLIENTS` concurrent clients, on `big` against `small`, in rounds whose order alternates,
 //!    p50 and p99 per round and their ratios (median and range), then the log a claim writes;
 //! 3. **the purge alone**: batches of 500 (the recovery worker's default) back to back for a
-//!    second, then of 5,000 for two, with nothing else running: records a second, and
+//!    second, then of 5,000 for two (a tenth of the fill's records at most, so that the paced
+//!    purge below still has records to delete on a small fill), with nothing else running:
+//!    records a second, and
 //!    PostgreSQL's CPU per purged record (the backends of the benchmark's database,
 //!    `support/pg_cpu.rs`), which says how much of the database's CPU a purge at the aim's rate
 //!    takes from serving. Then the purge on `small`, where nothing is due: PostgreSQL's CPU a
@@ -317,7 +319,7 @@ async fn measure(pool: PgPool, rows: u64, partitions: Option<u16>, apart: bool, 
     ratio_line("  replay p99", replay99);
 
     claim_log(&targets, &pool).await;
-    purge_cost::purge_alone(&big, &pool, &cpu).await;
+    purge_cost::purge_alone(&big, &pool, &cpu, rows).await;
     purge_cost::purge_idle(&targets[0].store, &pool, &cpu).await;
 
     purge_serving::measure(&targets[1], &pool, &cpu, partitions.is_some()).await;

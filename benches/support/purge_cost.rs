@@ -92,10 +92,10 @@ fn report(label: &str, spent: Spent) -> Option<f64> {
     Some(per_record_us)
 }
 
-/// `Store::purge` in batches of `batch` for up to `time`.
-async fn purge_for(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu, batch: usize, time: Duration) -> Spent {
+/// `Store::purge` in batches of `batch` for up to `time`, and `most` records at most.
+async fn purge_for(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu, batch: usize, time: Duration, most: u64) -> Spent {
     let (meter, mut records) = (Meter::start(pool, cpu).await, 0u64);
-    while meter.elapsed() < time {
+    while meter.elapsed() < time && records < most {
         match big.purge(batch).await.expect("purge") {
             0 => break,
             n => records += n as u64,
@@ -126,12 +126,14 @@ pub async fn purge_idle(store: &PostgresStore, pool: &PgPool, cpu: &PgCpu) {
     }
 }
 
-/// The purge with nothing else running, while the fill's deletable records are there.
-pub async fn purge_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) {
+/// The purge with nothing else running, while the fill's deletable records are there: in all at
+/// most a tenth of the fill's `rows`, so that the paced purge while serving still finds records
+/// to delete afterwards (on a small fill the purge alone would otherwise take them all).
+pub async fn purge_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu, rows: u64) {
     println!("\nthe purge alone (nothing else running):");
     let label = format!("store, deleting, batch {WORKER_BATCH} (the recovery worker's default)");
-    report(&label, purge_for(big, pool, cpu, WORKER_BATCH, ALONE / 2).await);
-    report(&format!("store, deleting, batch {BATCH}"), purge_for(big, pool, cpu, BATCH, ALONE).await);
+    report(&label, purge_for(big, pool, cpu, WORKER_BATCH, ALONE / 2, rows / 40).await);
+    report(&format!("store, deleting, batch {BATCH}"), purge_for(big, pool, cpu, BATCH, ALONE, rows / 40 * 3).await);
 }
 
 /// The purge with nothing else running once nothing is left to delete: every record it purges
@@ -139,7 +141,7 @@ pub async fn purge_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) {
 /// Returns the CPU a record, in µs.
 pub async fn tombstones_alone(big: &PostgresStore, pool: &PgPool, cpu: &PgCpu) -> Option<f64> {
     let (rows_before, _) = count(pool).await;
-    let spent = purge_for(big, pool, cpu, BATCH, ALONE).await;
+    let spent = purge_for(big, pool, cpu, BATCH, ALONE, u64::MAX).await;
     let (rows_after, _) = count(pool).await;
     let label = match rows_before - rows_after {
         0 => "store, making tombstones".to_owned(),

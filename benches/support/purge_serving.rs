@@ -113,15 +113,16 @@ async fn purge_until(store: PostgresStore, batch: usize, stop: Arc<AtomicBool>) 
 }
 
 /// The recovery worker as an application runs it on a large table, purging in calls of
-/// [`PACED_BATCH`] at most [`PACED_RATE`] records a second, passes back to back and no census,
-/// until `stop` is set. Returns the time taken (the records purged are counted from the table).
+/// [`PACED_BATCH`] at most [`PACED_RATE`] records a second, no census, a pass a second once one
+/// runs dry (while the purge keeps finding a whole batch, a pass does not end), until `stop` is
+/// set. Returns the time taken (the records purged are counted from the table).
 async fn paced_worker(store: PostgresStore, stop: Arc<AtomicBool>) -> (Option<usize>, Duration) {
     let started = Instant::now();
     let worker = RecoveryWorker::new(store)
         .purge_batch(PACED_BATCH)
         .purge_rate(PACED_RATE)
         .without_census()
-        .every(Duration::ZERO);
+        .every(Duration::from_secs(1));
     let stopped = async {
         while !stop.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(5)).await;
