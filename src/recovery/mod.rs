@@ -378,12 +378,12 @@ impl<St: Store + Admin> RecoveryWorker<St> {
         }
         let purge_batch = self.purge_batch.unwrap_or(self.batch);
         loop {
-            let started = match &self.purge_pace {
-                Some(pace) => Some(pace.ready().await),
+            let paced = match &self.purge_pace {
+                Some(pace) => Some((pace, pace.ready().await)),
                 None => None,
             };
             let purged = self.store.purge(purge_batch).await?;
-            if let (Some(pace), Some(started)) = (&self.purge_pace, started) {
+            if let Some((pace, started)) = paced {
                 pace.spent(started, purged);
             }
             report.purged += purged;
