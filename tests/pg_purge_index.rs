@@ -27,18 +27,27 @@ async fn scans(store: &PostgresStore) -> (i64, i64, i64) {
     .expect("the table's statistics")
 }
 
-/// The scans once every connection has reported its own: a backend reports its statistics when
-/// idle, at most once a second, so the migration's index builds (each a scan of the table) may
-/// still be on their way. Read until two readings 1.5 s apart agree.
+/// How long the scans must stay unchanged to count as settled. An idle backend reports its
+/// statistics at most once a second, and one whose report could not take the shared statistics'
+/// lock at once (a busy server: CI runs many tests side by side) tries again only after
+/// PostgreSQL's idle interval of 10 s. With two readings 1.5 s apart as the test, one CI run saw
+/// 10 sequential scans arrive after the baseline, most likely the migration's index builds (each
+/// a scan of the table) reported late, and charged them to the purge.
+const SETTLED_FOR: Duration = Duration::from_secs(11);
+
+/// The scans once every connection has reported its own: read every 1.5 s until they have not
+/// changed for [`SETTLED_FOR`].
 async fn settled_scans(store: &PostgresStore) -> (i64, i64, i64) {
     let mut last = scans(store).await;
+    let mut unchanged_since = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         let now = scans(store).await;
-        if now == last {
+        if now != last {
+            (last, unchanged_since) = (now, Instant::now());
+        } else if unchanged_since.elapsed() >= SETTLED_FOR {
             return now;
         }
-        last = now;
     }
 }
 
