@@ -7,7 +7,9 @@
 
 mod support;
 
-use support::apart::{Moved, SHORT, complete, move_to_answers_apart};
+use support::apart::{
+    Moved, SHORT, complete, leftovers_are_looked_for_by_every_64th_purge_once_none_is_due, move_to_answers_apart,
+};
 
 support::suites_in_both_modes!(crate::support::pg_apart_store);
 
@@ -175,6 +177,13 @@ async fn a_record_whose_answer_is_gone_is_a_tombstone() {
         let info = store.inspect(&id).await.expect("inspect").expect("the record");
         assert_eq!(info.state, RecordState::Expired, "{mode:?}");
     }
+}
+
+/// After a purge that found no answer written inline before the move due, the purge looks for
+/// them in one table again only every 64th call, and still empties one that fell due.
+#[tokio::test]
+async fn inline_leftovers_are_looked_for_by_every_64th_purge_on_one_table() {
+    leftovers_are_looked_for_by_every_64th_purge_once_none_is_due(&support::pg_store(CouplingMode::Atomic).await).await;
 }
 
 /// A table with answers inline moves to answers apart by the migration, nothing copied: its

@@ -132,7 +132,7 @@ async fn the_purge_walks_the_partitions_within_its_limit_on_generic_plans() {
 /// The purge's probes of the partitions (one for each step that walks them) are prepared once
 /// on a connection and run on their kept generic plan: written afresh on every call, they were
 /// parsed and planned each time (`docs/scale.md`, "What a call of the purge costs on
-/// partitions").
+/// partitions"). The probe of the inline leftovers runs only in the first call, which finds none.
 #[tokio::test]
 async fn the_purge_s_probes_are_prepared_once_and_run_on_their_generic_plan() {
     let schema = support::unique_name("tidem");
@@ -151,8 +151,11 @@ async fn the_purge_s_probes_are_prepared_once_and_run_on_their_generic_plan() {
     .fetch_all(&pool)
     .await
     .unwrap();
-    let runs: Vec<(i64, i64)> = probes.iter().map(|(_, generic, custom)| (*generic, *custom)).collect();
-    assert_eq!(runs, [(CALLS, 0), (CALLS, 0)], "the records' two steps' probes, each kept and run on its generic plan");
+    let mut runs: Vec<(i64, i64)> = probes.iter().map(|(_, generic, custom)| (*generic, *custom)).collect();
+    runs.sort_unstable();
+    // The probe of the answers left inline from before the layout runs in the first call only:
+    // it finds none, so the next calls skip that step.
+    assert_eq!(runs, [(1, 0), (CALLS, 0)], "the records' two steps' probes, each kept and run on its generic plan");
     for (statement, _, _) in &probes {
         assert_eq!(statement.matches("UNION ALL").count(), 63, "one subquery a partition");
     }

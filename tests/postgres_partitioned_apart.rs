@@ -8,7 +8,9 @@
 
 mod support;
 
-use support::apart::{Moved, SHORT, complete, move_to_answers_apart};
+use support::apart::{
+    Moved, SHORT, complete, leftovers_are_looked_for_by_every_64th_purge_once_none_is_due, move_to_answers_apart,
+};
 
 support::suites_in_both_modes!(crate::support::pg_partitioned_apart_store);
 
@@ -259,6 +261,16 @@ async fn a_partitioned_table_moves_to_answers_apart_and_other_layouts_are_refuse
     let message = refusal(one_table.migrate().await);
     assert!(message.contains("configured for answers_apart"), "{message}");
     assert_eq!(layout(&pool).await, ("p".to_owned(), partitions, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11]));
+}
+
+/// After a purge that found no answer written inline before the move due, the purge looks for
+/// them across the partitions again only every 64th call, and still empties one that fell due.
+#[tokio::test]
+async fn inline_leftovers_are_looked_for_by_every_64th_purge_on_partitions() {
+    leftovers_are_looked_for_by_every_64th_purge_once_none_is_due(
+        &support::pg_partitioned_store(CouplingMode::Atomic).await,
+    )
+    .await;
 }
 
 /// The two options hold together in either order.

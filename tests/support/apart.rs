@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use tower_idempotency::testkit::store::{answer, fingerprint, fresh_id};
-use tower_idempotency::{Begin, BeginRequest, Claim, Fingerprint, Outcome, PostgresStore, RecordId, Retention, Store};
+use tower_idempotency::{
+    Begin, BeginRequest, Claim, Fingerprint, Outcome, PostgresStore, RecordId, RecordState, Retention, Store,
+};
 
 /// Answers kept 300 ms, tombstones an hour.
 pub const SHORT: Retention = Retention {
@@ -49,4 +51,49 @@ pub async fn move_to_answers_apart(inline: &PostgresStore) -> Moved {
     apart.migrate().await.expect("migrate to answers apart");
     apart.migrate().await.expect("again: nothing to do");
     Moved { apart, fp, old_kept, old_due }
+}
+
+/// Moves `inline` to answers apart, then: a purge finds no inline answer due; one falls due (its
+/// retention moved into the past); the next 63 purges leave it, though every read already finds
+/// it past its retention; the 64th empties it in place.
+pub async fn leftovers_are_looked_for_by_every_64th_purge_once_none_is_due(inline: &PostgresStore) {
+    let Moved { apart, fp, old_kept, .. } = move_to_answers_apart(inline).await;
+    let pool = apart.pool();
+    sqlx::query(
+        "UPDATE idempotency_records SET response_until = clock_timestamp() + interval '1 hour' \
+         WHERE response_headers IS NOT NULL",
+    )
+    .execute(pool)
+    .await
+    .expect("both inline answers kept an hour");
+    assert_eq!(apart.purge(100).await.expect("purge"), 0, "no inline answer is due");
+
+    sqlx::query(
+        "UPDATE idempotency_records SET response_until = clock_timestamp() - interval '1 second' WHERE record_id = $1",
+    )
+    .bind(old_kept.digest().to_vec())
+    .execute(pool)
+    .await
+    .expect("one inline answer due");
+    let inline_answer = || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT response_headers IS NOT NULL FROM idempotency_records WHERE record_id = $1",
+        )
+        .bind(old_kept.digest().to_vec())
+        .fetch_one(pool)
+        .await
+        .expect("the record")
+    };
+    for purge in 1..=63 {
+        assert_eq!(apart.purge(100).await.expect("purge"), 0, "purge {purge} after the one that found none");
+    }
+    assert!(inline_answer().await, "left in place by the purges that skip the step");
+    match apart.begin(BeginRequest::new(&old_kept, &fp)).await.expect("a retry") {
+        Begin::Existing(record) => {
+            assert_eq!((record.state, record.response), (RecordState::Expired, None), "past its retention already")
+        }
+        _ => panic!("a retry of a finished request finds its record"),
+    }
+    assert_eq!(apart.purge(100).await.expect("purge"), 1, "the 64th purge takes the step again");
+    assert!(!inline_answer().await, "emptied in place");
 }

@@ -235,7 +235,9 @@ impl<D: Dialect> Records<D> {
     /// Turns records past their retention into tombstones and deletes tombstones past theirs,
     /// at most `limit` records in all. The deletes come first; on a partitioned table each step
     /// first asks, in one statement, which partitions have rows due, then walks those one
-    /// statement at a time (starting one further on each call) until the limit is spent.
+    /// statement at a time (starting one further on each call) until the limit is spent. The
+    /// step that finds only answers written before answers apart is skipped by most calls once
+    /// it finds none due (see [`Purge::takes`](purge::Purge::takes)).
     pub(crate) async fn purge(&self, limit: usize) -> Result<usize, StoreError> {
         let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
         let purge = self.statements.purge();
@@ -244,6 +246,9 @@ impl<D: Dialect> Records<D> {
         for step in 0..purge.steps() {
             if left == 0 && purge.partitioned() {
                 break;
+            }
+            if !purge.takes(step) {
+                continue;
             }
             let froms = purge.froms(step);
             // On partitions, only those with rows due (one probe for all of them).
@@ -270,6 +275,10 @@ impl<D: Dialect> Records<D> {
                 };
                 purged += n;
                 left = left.saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            // The step purged fewer than its limit: none of its rows is left due.
+            if left > 0 {
+                purge.cleared(step);
             }
         }
         Ok(purged as usize)

@@ -9,7 +9,9 @@
 //!   to become a tombstone, so whatever its state says), empty in place the answers written
 //!   inline before the layout, then delete the answers that are due, the earliest due first.
 //!   The first and last walks start where they last reached ([`Reach`]); the answers table is
-//!   walked once, however many partitions the records have.
+//!   walked once, however many partitions the records have. The middle step finds only what was
+//!   there before the layout, so once it finds nothing due it is taken again only by every
+//!   [`LEFTOVERS_EVERY`]th purge ([`Leftovers`]).
 //!
 //! On partitions, a step first asks which partitions have rows due, all in one statement
 //! ([`Purge::probe`]), and sends its statement only to those: a purge that sent one statement
@@ -34,6 +36,8 @@ pub(crate) struct Purge {
     /// Where the next purge starts walking the partitions, so that a purge whose limit runs out
     /// early does not always favour the first ones.
     start: AtomicUsize,
+    /// The step that finds only rows written before the layout, if there is one.
+    leftovers: Option<Leftovers>,
 }
 
 /// One statement of the purge on one table, what it finds due there, and where its walk
@@ -55,16 +59,34 @@ impl Purge {
     /// partitions), its answers kept as `answers` says.
     pub(crate) fn new<D: Dialect>(records: &[String], answers: &Answers) -> Self {
         let each = |step: fn(&str) -> PurgeStep| records.iter().map(|t| step(t)).collect::<Vec<_>>();
-        let steps = match answers.table() {
-            None => vec![each(delete_tombstones::<D>), each(expire_live::<D>)],
-            Some(answers) => vec![
-                each(|t| reaching::<D>(t, "forget_at")),
-                each(|t| expire::<D>(t, "response_headers IS NOT NULL")),
-                vec![reaching::<D>(answers, "keep_until")],
-            ],
+        let (steps, leftovers) = match answers.table() {
+            None => (vec![each(delete_tombstones::<D>), each(expire_live::<D>)], None),
+            Some(answers) => (
+                vec![
+                    each(|t| reaching::<D>(t, "forget_at")),
+                    each(|t| expire::<D>(t, "response_headers IS NOT NULL")),
+                    vec![reaching::<D>(answers, "keep_until")],
+                ],
+                Some(Leftovers::of(1)),
+            ),
         };
         let probes = steps.iter().map(|tables| probe_of(tables)).collect();
-        Self { steps, probes, start: AtomicUsize::new(0) }
+        Self { steps, probes, start: AtomicUsize::new(0), leftovers }
+    }
+
+    /// Whether this purge takes step `step`: every purge takes every step, but for the step of
+    /// leftovers ([`Leftovers`]), which after a purge that left none of them due is taken again
+    /// only by the [`LEFTOVERS_EVERY`]th purge from it.
+    pub(crate) fn takes(&self, step: usize) -> bool {
+        self.leftovers.as_ref().is_none_or(|leftovers| leftovers.step != step || leftovers.takes())
+    }
+
+    /// Notes that this purge's step `step` left none of its rows due: its probe found none, or
+    /// its statements purged fewer than its limit.
+    pub(crate) fn cleared(&self, step: usize) {
+        if let Some(leftovers) = self.leftovers.as_ref().filter(|leftovers| leftovers.step == step) {
+            leftovers.skip.store(LEFTOVERS_EVERY - 1, Ordering::Relaxed);
+        }
     }
 
     /// Where this purge starts walking each step's tables (taken modulo their count).
@@ -260,5 +282,38 @@ impl Reach {
         } else {
             self.from.load(Ordering::Relaxed)
         }
+    }
+}
+
+/// The purge's step that finds only rows written before the store's layout: answers apart, the
+/// answers written inline before it, which nothing writes any more (a binary of the layout
+/// writes every answer apart). Once a purge leaves none of them due, the next
+/// [`LEFTOVERS_EVERY`]` - 1` purges skip the step, so that a purge does not send, on every call,
+/// a statement that finds nothing: on 64 partitions its probe of every partition's index cost
+/// about as much PostgreSQL time as the probe of the records past their tombstone time (a
+/// generic plan locks each partition and its index on every run). A leftover falling due
+/// meanwhile waits for the next purge that takes the step; every read already compares its
+/// time, so until then it only takes its room on disk.
+#[derive(Debug)]
+struct Leftovers {
+    /// The step's number.
+    step: usize,
+    /// How many purges still skip it.
+    skip: AtomicUsize,
+}
+
+/// After a purge that left no leftover due, every this many purges take that step
+/// ([`Leftovers`]).
+const LEFTOVERS_EVERY: usize = 64;
+
+impl Leftovers {
+    /// Leftovers found by step `step`, taken by the next purge.
+    fn of(step: usize) -> Self {
+        Self { step, skip: AtomicUsize::new(0) }
+    }
+
+    /// Whether this purge takes the step (and if not, one fewer purge skips it).
+    fn takes(&self) -> bool {
+        self.skip.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |skip| skip.checked_sub(1)).is_err()
     }
 }

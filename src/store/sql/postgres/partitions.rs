@@ -313,4 +313,24 @@ mod tests {
         let expire = purge.probe(1, &purge.froms(1)).expect("a probe");
         assert!(expire.args.is_empty() && !expire.sql.as_str().contains('$'), "{}", expire.sql.as_str());
     }
+
+    #[test]
+    fn the_step_of_inline_leftovers_is_taken_by_every_64th_purge_once_none_is_due() {
+        let purge = Purge::new::<Pg>(&["p0".to_owned(), "p1".to_owned()], &Answers::Apart("a".into()));
+        let taken = |purges: usize| (0..purges).map(|_| purge.takes(1)).filter(|&taken| taken).count();
+        assert_eq!(taken(5), 5, "until a purge leaves none due, every purge takes it");
+        purge.cleared(1);
+        assert_eq!(taken(63), 0, "the next 63 skip it");
+        assert!(purge.takes(1), "the 64th takes it");
+        assert!(purge.takes(1), "and so does the next, until one leaves none due");
+        purge.cleared(1);
+        purge.cleared(0);
+        purge.cleared(2);
+        assert_eq!((0..10).filter(|_| purge.takes(0) && purge.takes(2)).count(), 10, "the other steps always");
+        assert_eq!(taken(63), 0);
+        let inline = Purge::new::<Pg>(&["p0".to_owned(), "p1".to_owned()], &Answers::Inline);
+        inline.cleared(0);
+        inline.cleared(1);
+        assert!((0..10).all(|_| inline.takes(0) && inline.takes(1)), "inline, every step always");
+    }
 }
