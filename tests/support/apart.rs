@@ -97,3 +97,43 @@ pub async fn leftovers_are_looked_for_by_every_64th_purge_once_none_is_due(inlin
     assert_eq!(apart.purge(100).await.expect("purge"), 1, "the 64th purge takes the step again");
     assert!(!inline_answer().await, "emptied in place");
 }
+
+/// On `apart` (answers apart, leased mode): the outcome of a claim that lost its record, and
+/// settlements refused (another token; a record not unknown), write no answer row.
+pub async fn refused_writes_leave_no_answer_row(apart: &PostgresStore) {
+    use tower_idempotency::store::{Admin, FinishError, SettleError, SettleRequest, Settlement};
+    use tower_idempotency::testkit::lifecycle::{labelled, make_unknown};
+
+    let answers = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_records_answers")
+            .fetch_one(apart.pool())
+            .await
+            .expect("count the answers")
+    };
+    let lease = Duration::from_secs(60);
+    let (lost, fp) = (fresh_id("lost"), fingerprint(7));
+    let Begin::Claimed(holder) = apart.begin(labelled(&lost, &fp).lease(lease)).await.expect("begin") else {
+        panic!("a fresh identity is claimed")
+    };
+    assert!(apart.evict(&lost).await.expect("evict"));
+    let late = holder.finish(Outcome::Complete(answer("late"))).await;
+    assert!(matches!(late, Err(FinishError::ClaimLost)), "{late:?}");
+    assert_eq!(answers().await, 0, "the lost claim's outcome wrote no answer");
+
+    let (unknown, fp) = (fresh_id("unknown"), fingerprint(8));
+    make_unknown(apart, labelled(&unknown, &fp)).await;
+    assert_eq!(answers().await, 1, "the unknown record's answer");
+    let token = apart.inspect(&unknown).await.expect("inspect").expect("the record").fencing_token;
+    let settled = || Settlement::Completed(answer("settled"));
+    let wrong = apart.settle(SettleRequest::new(&unknown, settled()).fenced(token + 1)).await;
+    assert!(matches!(wrong, Err(SettleError::Superseded)), "{wrong:?}");
+    let (processing, fp) = (fresh_id("processing"), fingerprint(9));
+    let Begin::Claimed(_held) = apart.begin(labelled(&processing, &fp).lease(lease)).await.expect("begin") else {
+        panic!("a fresh identity is claimed")
+    };
+    let early = apart.settle(SettleRequest::new(&processing, settled())).await;
+    assert!(matches!(early, Err(SettleError::NotUnknown(RecordState::Processing))), "{early:?}");
+    assert_eq!(answers().await, 1, "the refused settlements wrote no answer");
+    apart.settle(SettleRequest::new(&unknown, settled()).fenced(token)).await.expect("settle");
+    assert_eq!(answers().await, 2, "the settlement's answer");
+}

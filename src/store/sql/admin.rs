@@ -186,19 +186,20 @@ impl<D: Dialect> AdminStatements<D> {
             settle: {
                 let now = D::now(9);
                 let (status, headers, body, until) = (p(4), p(5), p(6), D::later(7));
+                let settled = format!(
+                    "record_id = {id} AND COALESCE(fencing_token, 0) = {token} AND {IS_UNKNOWN} AND {live}",
+                    id = p(1),
+                    token = p(2),
+                    live = live(&now),
+                );
                 sql(format!(
                     "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
                          forget_at = {forget}, recheck_at = NULL, updated_at = {now} \
-                     WHERE record_id = {id} AND COALESCE(fencing_token, 0) = {token} AND {is_unknown} \
-                       AND {live}",
-                    write = answers.write(&status, &headers, &body, &until),
+                     WHERE {settled}",
+                    write = answers.write_for(t, &settled, &status, &headers, &body, &until),
                     answer = answers.set(&status, &headers, &body, &until),
-                    id = p(1),
-                    token = p(2),
                     state = p(3),
                     forget = D::later(8),
-                    live = live(&now),
-                    is_unknown = IS_UNKNOWN,
                 ))
             },
             settle_release: {

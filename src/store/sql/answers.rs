@@ -93,6 +93,32 @@ impl Answers {
         }
     }
 
+    /// What an `UPDATE` of one record that writes its answer starts with, where the `UPDATE`
+    /// finds the record by `condition` on `t` (its `WHERE`, which names the record's primary
+    /// key): apart, the answer's row, written in a `WITH` only if `condition` finds the record
+    /// (the status, fields and body given as SQL, kept until `until`). An outcome whose claim was
+    /// lost, or a settlement of a record no longer unknown under its token, then writes no
+    /// answer that nothing points at. (Two writers racing for one record can still both find it
+    /// in their statements' snapshots; the loser's answer row is then deleted by the purge at its
+    /// time, like any other.)
+    pub(crate) fn write_for(
+        &self,
+        t: &str,
+        condition: &str,
+        status: &str,
+        fields: &str,
+        body: &str,
+        until: &str,
+    ) -> String {
+        match self {
+            Answers::Inline => String::new(),
+            Answers::Apart(answers) => format!(
+                "WITH answer AS (INSERT INTO {answers} (keep_until, status, headers, body) \
+                 SELECT {until}, {status}, {fields}, {body} FROM {t} WHERE {condition} RETURNING seq, keep_until) "
+            ),
+        }
+    }
+
     /// An `UPDATE`'s assignments of an answer (the status, fields and body given as SQL) and
     /// of the record's response retention (`until`): inline, the columns; apart, the answer
     /// that [`write`](Self::write) wrote, and no answer inline.
@@ -165,6 +191,12 @@ mod tests {
         );
         assert!(apart.expired("x".into()).contains("answer_seq IS NOT NULL AND seq IS NULL"));
         assert!(apart.write("$1", "$2", "$3", "$4").starts_with("WITH answer AS (INSERT INTO a "));
+        assert_eq!(
+            apart.write_for("t", "record_id = $9", "$1", "$2", "$3", "$4"),
+            "WITH answer AS (INSERT INTO a (keep_until, status, headers, body) \
+             SELECT $4, $1, $2, $3 FROM t WHERE record_id = $9 RETURNING seq, keep_until) "
+        );
+        assert_eq!(Answers::Inline.write_for("t", "record_id = $9", "$1", "$2", "$3", "$4"), "");
         assert!(apart.set("$1", "$2", "$3", "$4").contains("answer_seq = (SELECT seq FROM answer)"));
         assert_eq!(apart.table(), Some("a"));
     }

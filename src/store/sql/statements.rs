@@ -142,7 +142,7 @@ impl<D: Dialect> Statements<D> {
                     "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
                          forget_at = {forget_at}, updated_at = {now} \
                      WHERE {fenced}",
-                    write = answers.write(&status, &headers, &body, &until),
+                    write = answers.write_for(t, &fenced, &status, &headers, &body, &until),
                     state = p(3),
                     answer = answers.set(&status, &headers, &body, &until),
                     forget_at = D::later(8),
