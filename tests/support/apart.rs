@@ -99,8 +99,9 @@ pub async fn leftovers_are_looked_for_by_every_64th_purge_once_none_is_due(inlin
 }
 
 /// On `apart` (answers apart, leased mode): the outcome of a claim that lost its record, and
-/// settlements refused (another token; a record not unknown), write no answer row.
-pub async fn refused_writes_leave_no_answer_row(apart: &PostgresStore) {
+/// settlements refused (another token; a record not unknown), write no answer row; a settlement
+/// replaces the unknown record's answer row with its own.
+pub async fn no_answer_row_is_left_that_nothing_points_at(apart: &PostgresStore) {
     use tower_idempotency::store::{Admin, FinishError, SettleError, SettleRequest, Settlement};
     use tower_idempotency::testkit::lifecycle::{labelled, make_unknown};
 
@@ -127,13 +128,15 @@ pub async fn refused_writes_leave_no_answer_row(apart: &PostgresStore) {
     let settled = || Settlement::Completed(answer("settled"));
     let wrong = apart.settle(SettleRequest::new(&unknown, settled()).fenced(token + 1)).await;
     assert!(matches!(wrong, Err(SettleError::Superseded)), "{wrong:?}");
-    let (processing, fp) = (fresh_id("processing"), fingerprint(9));
-    let Begin::Claimed(_held) = apart.begin(labelled(&processing, &fp).lease(lease)).await.expect("begin") else {
+    let (processing, other_fp) = (fresh_id("processing"), fingerprint(9));
+    let Begin::Claimed(_held) = apart.begin(labelled(&processing, &other_fp).lease(lease)).await.expect("begin") else {
         panic!("a fresh identity is claimed")
     };
     let early = apart.settle(SettleRequest::new(&processing, settled())).await;
     assert!(matches!(early, Err(SettleError::NotUnknown(RecordState::Processing))), "{early:?}");
     assert_eq!(answers().await, 1, "the refused settlements wrote no answer");
     apart.settle(SettleRequest::new(&unknown, settled()).fenced(token)).await.expect("settle");
-    assert_eq!(answers().await, 2, "the settlement's answer");
+    assert_eq!(answers().await, 1, "the settlement's answer in place of the unknown record's");
+    let Ok(Begin::Existing(record)) = apart.begin(labelled(&unknown, &fp)).await else { panic!("a replay") };
+    assert_eq!(record.response, Some(answer("settled")));
 }

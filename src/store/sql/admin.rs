@@ -196,7 +196,7 @@ impl<D: Dialect> AdminStatements<D> {
                     "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
                          forget_at = {forget}, recheck_at = NULL, updated_at = {now} \
                      WHERE {settled}",
-                    write = answers.write_for(t, &settled, &status, &headers, &body, &until),
+                    write = answers.replace_for(t, &settled, &status, &headers, &body, &until),
                     answer = answers.set(&status, &headers, &body, &until),
                     state = p(3),
                     forget = D::later(8),

@@ -119,6 +119,30 @@ impl Answers {
         }
     }
 
+    /// As [`write_for`](Self::write_for), for an `UPDATE` that replaces the record's answer
+    /// (a settlement of an `unknown` record, which has its handler's answer): apart, the answer
+    /// the record pointed at is deleted in the same statement, so that it does not stay behind,
+    /// pointed at by nothing, until its own time. Should the `UPDATE` itself then not find the
+    /// record (its retention ending between the two), the record is past its retention and a
+    /// tombstone either way: a read of a record whose answer is gone answers that.
+    pub(crate) fn replace_for(
+        &self,
+        t: &str,
+        condition: &str,
+        status: &str,
+        fields: &str,
+        body: &str,
+        until: &str,
+    ) -> String {
+        match self {
+            Answers::Inline => String::new(),
+            Answers::Apart(answers) => format!(
+                "{write}, replaced AS (DELETE FROM {answers} WHERE seq = (SELECT answer_seq FROM {t} WHERE {condition})) ",
+                write = self.write_for(t, condition, status, fields, body, until).trim_end(),
+            ),
+        }
+    }
+
     /// An `UPDATE`'s assignments of an answer (the status, fields and body given as SQL) and
     /// of the record's response retention (`until`): inline, the columns; apart, the answer
     /// that [`write`](Self::write) wrote, and no answer inline.
@@ -197,6 +221,13 @@ mod tests {
              SELECT $4, $1, $2, $3 FROM t WHERE record_id = $9 RETURNING seq, keep_until) "
         );
         assert_eq!(Answers::Inline.write_for("t", "record_id = $9", "$1", "$2", "$3", "$4"), "");
+        assert_eq!(
+            apart.replace_for("t", "record_id = $9", "$1", "$2", "$3", "$4"),
+            "WITH answer AS (INSERT INTO a (keep_until, status, headers, body) \
+             SELECT $4, $1, $2, $3 FROM t WHERE record_id = $9 RETURNING seq, keep_until), \
+             replaced AS (DELETE FROM a WHERE seq = (SELECT answer_seq FROM t WHERE record_id = $9)) "
+        );
+        assert_eq!(Answers::Inline.replace_for("t", "record_id = $9", "$1", "$2", "$3", "$4"), "");
         assert!(apart.set("$1", "$2", "$3", "$4").contains("answer_seq = (SELECT seq FROM answer)"));
         assert_eq!(apart.table(), Some("a"));
     }
