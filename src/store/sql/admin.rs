@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use http::StatusCode;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use super::answers::Answers;
+use super::answers::{AnswerSql, Answers};
 use super::dialect::{Arg, Bound, Dialect, InfoRow};
 use super::{Records, millis, unavailable};
 use crate::key::{RecordId, Scope, scoped_operation_key};
@@ -196,7 +196,11 @@ impl<D: Dialect> AdminStatements<D> {
                     "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
                          forget_at = {forget}, recheck_at = NULL, updated_at = {now} \
                      WHERE {settled}",
-                    write = answers.replace_for(t, &settled, &status, &headers, &body, &until),
+                    write = answers.replace_for(
+                        t,
+                        &settled,
+                        &AnswerSql { status: &status, fields: &headers, body: &body, until: &until }
+                    ),
                     answer = answers.set(&status, &headers, &body, &until),
                     state = p(3),
                     forget = D::later(8),

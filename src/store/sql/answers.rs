@@ -11,6 +11,16 @@
 //! Each method gives the piece of SQL that differs; inline, the pieces are the statements'
 //! text as it always was.
 
+/// An answer written by a statement, each part given as SQL: its status, fields and body, and
+/// the time its replay ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AnswerSql<'a> {
+    pub(crate) status: &'a str,
+    pub(crate) fields: &'a str,
+    pub(crate) body: &'a str,
+    pub(crate) until: &'a str,
+}
+
 /// Where a store's answers are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Answers {
@@ -95,21 +105,13 @@ impl Answers {
 
     /// What an `UPDATE` of one record that writes its answer starts with, where the `UPDATE`
     /// finds the record by `condition` on `t` (its `WHERE`, which names the record's primary
-    /// key): apart, the answer's row, written in a `WITH` only if `condition` finds the record
-    /// (the status, fields and body given as SQL, kept until `until`). An outcome whose claim was
-    /// lost, or a settlement of a record no longer unknown under its token, then writes no
-    /// answer that nothing points at. (Two writers racing for one record can still both find it
-    /// in their statements' snapshots; the loser's answer row is then deleted by the purge at its
-    /// time, like any other.)
-    pub(crate) fn write_for(
-        &self,
-        t: &str,
-        condition: &str,
-        status: &str,
-        fields: &str,
-        body: &str,
-        until: &str,
-    ) -> String {
+    /// key): apart, the answer's row, written in a `WITH` only if `condition` finds the record.
+    /// An outcome whose claim was lost, or a settlement of a record no longer unknown under its
+    /// token, then writes no answer that nothing points at. (Two writers racing for one record
+    /// can still both find it in their statements' snapshots; the loser's answer row is then
+    /// deleted by the purge at its time, like any other.)
+    pub(crate) fn write_for(&self, t: &str, condition: &str, answer: &AnswerSql<'_>) -> String {
+        let AnswerSql { status, fields, body, until } = answer;
         match self {
             Answers::Inline => String::new(),
             Answers::Apart(answers) => format!(
@@ -125,22 +127,13 @@ impl Answers {
     /// pointed at by nothing, until its own time. Should the `UPDATE` itself then not find the
     /// record (its retention ending between the two), the record is past its retention and a
     /// tombstone either way: a read of a record whose answer is gone answers that.
-    pub(crate) fn replace_for(
-        &self,
-        t: &str,
-        condition: &str,
-        status: &str,
-        fields: &str,
-        body: &str,
-        until: &str,
-    ) -> String {
-        match self {
-            Answers::Inline => String::new(),
-            Answers::Apart(answers) => format!(
-                "{write}, replaced AS (DELETE FROM {answers} WHERE seq = (SELECT answer_seq FROM {t} WHERE {condition})) ",
-                write = self.write_for(t, condition, status, fields, body, until).trim_end(),
-            ),
-        }
+    pub(crate) fn replace_for(&self, t: &str, condition: &str, answer: &AnswerSql<'_>) -> String {
+        let write = self.write_for(t, condition, answer);
+        let Some(answers) = self.table() else { return write };
+        format!(
+            "{write}, replaced AS (DELETE FROM {answers} WHERE seq = (SELECT answer_seq FROM {t} WHERE {condition})) ",
+            write = write.trim_end(),
+        )
     }
 
     /// An `UPDATE`'s assignments of an answer (the status, fields and body given as SQL) and
@@ -193,7 +186,9 @@ impl Answers {
 
 #[cfg(test)]
 mod tests {
-    use super::Answers;
+    use super::{AnswerSql, Answers};
+
+    const ANSWER: AnswerSql<'static> = AnswerSql { status: "$1", fields: "$2", body: "$3", until: "$4" };
 
     #[test]
     fn inline_pieces_leave_the_statements_as_they_were() {
@@ -216,18 +211,18 @@ mod tests {
         assert!(apart.expired("x".into()).contains("answer_seq IS NOT NULL AND seq IS NULL"));
         assert!(apart.write("$1", "$2", "$3", "$4").starts_with("WITH answer AS (INSERT INTO a "));
         assert_eq!(
-            apart.write_for("t", "record_id = $9", "$1", "$2", "$3", "$4"),
+            apart.write_for("t", "record_id = $9", &ANSWER),
             "WITH answer AS (INSERT INTO a (keep_until, status, headers, body) \
              SELECT $4, $1, $2, $3 FROM t WHERE record_id = $9 RETURNING seq, keep_until) "
         );
-        assert_eq!(Answers::Inline.write_for("t", "record_id = $9", "$1", "$2", "$3", "$4"), "");
+        assert_eq!(Answers::Inline.write_for("t", "record_id = $9", &ANSWER), "");
         assert_eq!(
-            apart.replace_for("t", "record_id = $9", "$1", "$2", "$3", "$4"),
+            apart.replace_for("t", "record_id = $9", &ANSWER),
             "WITH answer AS (INSERT INTO a (keep_until, status, headers, body) \
              SELECT $4, $1, $2, $3 FROM t WHERE record_id = $9 RETURNING seq, keep_until), \
              replaced AS (DELETE FROM a WHERE seq = (SELECT answer_seq FROM t WHERE record_id = $9)) "
         );
-        assert_eq!(Answers::Inline.replace_for("t", "record_id = $9", "$1", "$2", "$3", "$4"), "");
+        assert_eq!(Answers::Inline.replace_for("t", "record_id = $9", &ANSWER), "");
         assert!(apart.set("$1", "$2", "$3", "$4").contains("answer_seq = (SELECT seq FROM answer)"));
         assert_eq!(apart.table(), Some("a"));
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::admin::AdminStatements;
-use super::answers::Answers;
+use super::answers::{AnswerSql, Answers};
 use super::dialect::{Arg, Bound, Dialect};
 use super::purge::Purge;
 
@@ -142,7 +142,11 @@ impl<D: Dialect> Statements<D> {
                     "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
                          forget_at = {forget_at}, updated_at = {now} \
                      WHERE {fenced}",
-                    write = answers.write_for(t, &fenced, &status, &headers, &body, &until),
+                    write = answers.write_for(
+                        t,
+                        &fenced,
+                        &AnswerSql { status: &status, fields: &headers, body: &body, until: &until }
+                    ),
                     state = p(3),
                     answer = answers.set(&status, &headers, &body, &until),
                     forget_at = D::later(8),
