@@ -9,7 +9,7 @@ mod support;
 
 use support::apart::{
     Moved, SHORT, complete, leftovers_are_looked_for_by_every_64th_purge_once_none_is_due, move_to_answers_apart,
-    no_answer_row_is_left_that_nothing_points_at,
+    settlements_leave_no_answer_row_that_nothing_points_at,
 };
 
 support::suites_in_both_modes!(crate::support::pg_apart_store);
@@ -180,11 +180,11 @@ async fn a_record_whose_answer_is_gone_is_a_tombstone() {
     }
 }
 
-/// A leased outcome whose claim lost its record, and refused settlements, write no answer row;
-/// a settlement replaces the unknown record's answer row with its own.
+/// Refused settlements write no answer row; a settlement replaces the unknown record's answer
+/// row with its own.
 #[tokio::test]
-async fn no_answer_row_is_left_that_nothing_points_at_on_one_table() {
-    no_answer_row_is_left_that_nothing_points_at(&support::pg_apart_store(CouplingMode::Leased).await).await;
+async fn settlements_leave_no_answer_row_that_nothing_points_at_on_one_table() {
+    settlements_leave_no_answer_row_that_nothing_points_at(&support::pg_apart_store(CouplingMode::Leased).await).await;
 }
 
 /// After a purge that found no answer written inline before the move due, the purge looks for

@@ -10,7 +10,7 @@ mod support;
 
 use support::apart::{
     Moved, SHORT, complete, leftovers_are_looked_for_by_every_64th_purge_once_none_is_due, move_to_answers_apart,
-    no_answer_row_is_left_that_nothing_points_at,
+    settlements_leave_no_answer_row_that_nothing_points_at,
 };
 
 support::suites_in_both_modes!(crate::support::pg_partitioned_apart_store);
@@ -264,12 +264,14 @@ async fn a_partitioned_table_moves_to_answers_apart_and_other_layouts_are_refuse
     assert_eq!(layout(&pool).await, ("p".to_owned(), partitions, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11]));
 }
 
-/// A leased outcome whose claim lost its record, and refused settlements, write no answer row;
-/// a settlement replaces the unknown record's answer row with its own.
+/// Refused settlements write no answer row; a settlement replaces the unknown record's answer
+/// row with its own.
 #[tokio::test]
-async fn no_answer_row_is_left_that_nothing_points_at_on_partitions() {
-    no_answer_row_is_left_that_nothing_points_at(&support::pg_partitioned_apart_store(CouplingMode::Leased).await)
-        .await;
+async fn settlements_leave_no_answer_row_that_nothing_points_at_on_partitions() {
+    settlements_leave_no_answer_row_that_nothing_points_at(
+        &support::pg_partitioned_apart_store(CouplingMode::Leased).await,
+    )
+    .await;
 }
 
 /// After a purge that found no answer written inline before the move due, the purge looks for

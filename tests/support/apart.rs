@@ -98,11 +98,11 @@ pub async fn leftovers_are_looked_for_by_every_64th_purge_once_none_is_due(inlin
     assert!(!inline_answer().await, "emptied in place");
 }
 
-/// On `apart` (answers apart, leased mode): the outcome of a claim that lost its record, and
-/// settlements refused (another token; a record not unknown), write no answer row; a settlement
-/// replaces the unknown record's answer row with its own.
-pub async fn no_answer_row_is_left_that_nothing_points_at(apart: &PostgresStore) {
-    use tower_idempotency::store::{Admin, FinishError, SettleError, SettleRequest, Settlement};
+/// On `apart` (answers apart, leased mode): settlements refused (another token; a record not
+/// unknown) write no answer row, and a settlement replaces the unknown record's answer row with
+/// its own.
+pub async fn settlements_leave_no_answer_row_that_nothing_points_at(apart: &PostgresStore) {
+    use tower_idempotency::store::{Admin, SettleError, SettleRequest, Settlement};
     use tower_idempotency::testkit::lifecycle::{labelled, make_unknown};
 
     let answers = || async {
@@ -111,16 +111,6 @@ pub async fn no_answer_row_is_left_that_nothing_points_at(apart: &PostgresStore)
             .await
             .expect("count the answers")
     };
-    let lease = Duration::from_secs(60);
-    let (lost, fp) = (fresh_id("lost"), fingerprint(7));
-    let Begin::Claimed(holder) = apart.begin(labelled(&lost, &fp).lease(lease)).await.expect("begin") else {
-        panic!("a fresh identity is claimed")
-    };
-    assert!(apart.evict(&lost).await.expect("evict"));
-    let late = holder.finish(Outcome::Complete(answer("late"))).await;
-    assert!(matches!(late, Err(FinishError::ClaimLost)), "{late:?}");
-    assert_eq!(answers().await, 0, "the lost claim's outcome wrote no answer");
-
     let (unknown, fp) = (fresh_id("unknown"), fingerprint(8));
     make_unknown(apart, labelled(&unknown, &fp)).await;
     assert_eq!(answers().await, 1, "the unknown record's answer");
@@ -129,6 +119,7 @@ pub async fn no_answer_row_is_left_that_nothing_points_at(apart: &PostgresStore)
     let wrong = apart.settle(SettleRequest::new(&unknown, settled()).fenced(token + 1)).await;
     assert!(matches!(wrong, Err(SettleError::Superseded)), "{wrong:?}");
     let (processing, other_fp) = (fresh_id("processing"), fingerprint(9));
+    let lease = Duration::from_secs(60);
     let Begin::Claimed(_held) = apart.begin(labelled(&processing, &other_fp).lease(lease)).await.expect("begin") else {
         panic!("a fresh identity is claimed")
     };

@@ -106,10 +106,11 @@ impl Answers {
     /// What an `UPDATE` of one record that writes its answer starts with, where the `UPDATE`
     /// finds the record by `condition` on `t` (its `WHERE`, which names the record's primary
     /// key): apart, the answer's row, written in a `WITH` only if `condition` finds the record.
-    /// An outcome whose claim was lost, or a settlement of a record no longer unknown under its
-    /// token, then writes no answer that nothing points at. (Two writers racing for one record
-    /// can still both find it in their statements' snapshots; the loser's answer row is then
-    /// deleted by the purge at its time, like any other.)
+    /// A settlement of a record no longer unknown under its token then writes no answer that
+    /// nothing points at. (Two writers racing for one record can still both find it in their
+    /// statements' snapshots; the loser's answer row is then deleted by the purge at its time,
+    /// like any other.) It costs the statement a look at the record by its primary key, so a
+    /// leased outcome, on every request, writes with [`write`](Self::write) instead.
     pub(crate) fn write_for(&self, t: &str, condition: &str, answer: &AnswerSql<'_>) -> String {
         let AnswerSql { status, fields, body, until } = answer;
         match self {
