@@ -185,7 +185,8 @@ impl<D: Dialect> AdminStatements<D> {
             // decided on, and not past its retention.
             settle: {
                 let now = D::now(9);
-                let (status, headers, body, until) = (p(4), p(5), p(6), D::later(7));
+                let (status, fields, body, until) = (p(4), p(5), p(6), D::later(7));
+                let answer = AnswerSql { status: &status, fields: &fields, body: &body, until: &until };
                 let settled = format!(
                     "record_id = {id} AND COALESCE(fencing_token, 0) = {token} AND {IS_UNKNOWN} AND {live}",
                     id = p(1),
@@ -196,12 +197,8 @@ impl<D: Dialect> AdminStatements<D> {
                     "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
                          forget_at = {forget}, recheck_at = NULL, updated_at = {now} \
                      WHERE {settled}",
-                    write = answers.replace_for(
-                        t,
-                        &settled,
-                        &AnswerSql { status: &status, fields: &headers, body: &body, until: &until }
-                    ),
-                    answer = answers.set(&status, &headers, &body, &until),
+                    write = answers.replace_for(t, &settled, &answer),
+                    answer = answers.set(&answer),
                     state = p(3),
                     forget = D::later(8),
                 ))

@@ -91,9 +91,10 @@ impl Answers {
         }
     }
 
-    /// What a statement that writes an answer starts with: apart, the answer's row, written in
-    /// a `WITH` (the status, fields and body given as SQL, kept until `until`).
-    pub(crate) fn write(&self, status: &str, fields: &str, body: &str, until: &str) -> String {
+    /// What a statement that writes `answer` starts with: apart, the answer's row, written in
+    /// a `WITH`.
+    pub(crate) fn write(&self, answer: &AnswerSql<'_>) -> String {
+        let AnswerSql { status, fields, body, until } = answer;
         match self {
             Answers::Inline => String::new(),
             Answers::Apart(answers) => format!(
@@ -111,7 +112,7 @@ impl Answers {
     /// statements' snapshots; the loser's answer row is then deleted by the purge at its time,
     /// like any other.) It costs the statement a look at the record by its primary key, so a
     /// leased outcome, on every request, writes with [`write`](Self::write) instead.
-    pub(crate) fn write_for(&self, t: &str, condition: &str, answer: &AnswerSql<'_>) -> String {
+    fn write_for(&self, t: &str, condition: &str, answer: &AnswerSql<'_>) -> String {
         let AnswerSql { status, fields, body, until } = answer;
         match self {
             Answers::Inline => String::new(),
@@ -137,10 +138,11 @@ impl Answers {
         )
     }
 
-    /// An `UPDATE`'s assignments of an answer (the status, fields and body given as SQL) and
-    /// of the record's response retention (`until`): inline, the columns; apart, the answer
-    /// that [`write`](Self::write) wrote, and no answer inline.
-    pub(crate) fn set(&self, status: &str, fields: &str, body: &str, until: &str) -> String {
+    /// An `UPDATE`'s assignments of `answer` and of the record's response retention (the
+    /// answer's `until`): inline, the columns; apart, the answer that [`write`](Self::write)
+    /// wrote, and no answer inline.
+    pub(crate) fn set(&self, answer: &AnswerSql<'_>) -> String {
+        let AnswerSql { status, fields, body, until } = answer;
         match self {
             Answers::Inline => format!(
                 "response_status = {status}, response_headers = {fields}, response_body = {body}, \
@@ -172,7 +174,7 @@ impl Answers {
                  response_until, forget_at, updated_at, attempts, operation, operation_id, answer_seq) \
              VALUES ($1, $2, $3, $4, NULL, (SELECT keep_until FROM answer), {forget}, NULL, NULL, $10, $11, \
                      (SELECT seq FROM answer))",
-            write = self.write("$5", "$6", "$7", until),
+            write = self.write(&AnswerSql { status: "$5", fields: "$6", body: "$7", until }),
         ))
     }
 
@@ -197,7 +199,7 @@ mod tests {
         assert_eq!(inline.from("t"), "t");
         assert_eq!(inline.expired("x".into()), "x");
         assert_eq!(inline.looked_up("x".into()), ("response_status, response_headers".to_owned(), "x".to_owned()));
-        assert_eq!(inline.write("$1", "$2", "$3", "$4"), "");
+        assert_eq!(inline.write(&ANSWER), "");
         assert_eq!(inline.unlink(), "");
         assert_eq!(inline.table(), None);
     }
@@ -210,7 +212,7 @@ mod tests {
             "t LEFT JOIN LATERAL (SELECT seq, status, headers, body FROM a WHERE seq = answer_seq OFFSET 0) answer ON true"
         );
         assert!(apart.expired("x".into()).contains("answer_seq IS NOT NULL AND seq IS NULL"));
-        assert!(apart.write("$1", "$2", "$3", "$4").starts_with("WITH answer AS (INSERT INTO a "));
+        assert!(apart.write(&ANSWER).starts_with("WITH answer AS (INSERT INTO a "));
         assert_eq!(
             apart.write_for("t", "record_id = $9", &ANSWER),
             "WITH answer AS (INSERT INTO a (keep_until, status, headers, body) \
@@ -224,7 +226,7 @@ mod tests {
              replaced AS (DELETE FROM a WHERE seq = (SELECT answer_seq FROM t WHERE record_id = $9)) "
         );
         assert_eq!(Answers::Inline.replace_for("t", "record_id = $9", &ANSWER), "");
-        assert!(apart.set("$1", "$2", "$3", "$4").contains("answer_seq = (SELECT seq FROM answer)"));
+        assert!(apart.set(&ANSWER).contains("answer_seq = (SELECT seq FROM answer)"));
         assert_eq!(apart.table(), Some("a"));
     }
 }

@@ -67,6 +67,7 @@ impl Purge {
                     each(|t| expire::<D>(t, "response_headers IS NOT NULL")),
                     vec![reaching::<D>(answers, "keep_until")],
                 ],
+                // The second step finds only the answers written inline before the layout.
                 Some(Leftovers::of(1)),
             ),
         };

@@ -10,7 +10,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::admin::AdminStatements;
-use super::answers::Answers;
+use super::answers::{AnswerSql, Answers};
 use super::dialect::{Arg, Bound, Dialect};
 use super::purge::Purge;
 
@@ -141,14 +141,15 @@ impl<D: Dialect> Statements<D> {
             // more (by hand, 4-11 % of the statement's time), for the rare claim that lost it,
             // whose answer row the purge then deletes at its time.
             finish: {
-                let (status, headers, body, until) = (p(4), p(5), p(6), D::later(7));
+                let (status, fields, body, until) = (p(4), p(5), p(6), D::later(7));
+                let answer = AnswerSql { status: &status, fields: &fields, body: &body, until: &until };
                 sql(format!(
                     "{write}UPDATE {t} SET state = {state}, {answer}, lease_until = NULL, \
                          forget_at = {forget_at}, updated_at = {now} \
                      WHERE {fenced}",
-                    write = answers.write(&status, &headers, &body, &until),
+                    write = answers.write(&answer),
                     state = p(3),
-                    answer = answers.set(&status, &headers, &body, &until),
+                    answer = answers.set(&answer),
                     forget_at = D::later(8),
                     now = D::now(9),
                 ))
