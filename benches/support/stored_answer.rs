@@ -28,6 +28,7 @@ pub fn answer() -> StoredResponse {
 }
 
 /// `bytes` as lowercase hex, for a `'\x...'::bytea` literal.
+#[allow(dead_code)] // Only the benchmarks that write literals ask for it.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
