@@ -88,7 +88,7 @@ async fn records_in_every_partition_point_at_their_answers() {
         let pool = store.pool();
         let (kind, partitions, apart, applied) = layout(pool).await;
         assert_eq!((kind.as_str(), partitions, apart), ("p", i64::from(support::TEST_PARTITIONS), true), "{mode:?}");
-        assert_eq!(applied.last(), Some(&11), "{mode:?}: migration 11 ran on the partitioned table");
+        assert_eq!(applied.last(), Some(&14), "{mode:?}: migrations 11 to 14 ran on the partitioned table");
         let fp = fingerprint(1);
         let ids: Vec<RecordId> = (0..24).map(|_| fresh_id("spread")).collect();
         for id in &ids {
@@ -242,7 +242,7 @@ async fn a_partitioned_table_moves_to_answers_apart_and_other_layouts_are_refuse
     let pool = inline.pool().clone();
     let Moved { apart, fp, old_kept, old_due } = move_to_answers_apart(&inline).await;
     let partitions = i64::from(support::TEST_PARTITIONS);
-    assert_eq!(layout(&pool).await, ("p".to_owned(), partitions, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11]));
+    assert_eq!(layout(&pool).await, ("p".to_owned(), partitions, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14]));
     assert_eq!(replay(&apart, &old_kept, &fp).await.response, Some(answer("old kept")));
     let new = fresh_id("new");
     complete(&apart, &new, &fp, "new", Retention::default()).await;
@@ -261,7 +261,7 @@ async fn a_partitioned_table_moves_to_answers_apart_and_other_layouts_are_refuse
     let one_table = PostgresStore::new(pool.clone()).schema(&schema).unwrap().answers_apart();
     let message = refusal(one_table.migrate().await);
     assert!(message.contains("configured for answers_apart"), "{message}");
-    assert_eq!(layout(&pool).await, ("p".to_owned(), partitions, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11]));
+    assert_eq!(layout(&pool).await, ("p".to_owned(), partitions, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14]));
 }
 
 /// Refused settlements write no answer row; a settlement replaces the unknown record's answer
@@ -291,7 +291,15 @@ async fn the_options_combine_in_either_order() {
     let pool = support::pg_pool(&schema, 4).await;
     let store = PostgresStore::new(pool.clone()).schema(&schema).unwrap().answers_apart().hash_partitions(4).unwrap();
     store.migrate().await.expect("migrate");
-    assert_eq!(layout(&pool).await, ("p".to_owned(), 4, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11]));
+    assert_eq!(layout(&pool).await, ("p".to_owned(), 4, true, vec![1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14]));
+    // Migration 11 came before 12 here: 12 dropped the answer's check that 11 had put back.
+    let checks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_constraint WHERE contype = 'c' AND conrelid = 'idempotency_records'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(checks, 0, "no CHECK constraint on the records table");
     let other_order = PostgresStore::new(pool).schema(&schema).unwrap().hash_partitions(4).unwrap().answers_apart();
     other_order.migrate().await.expect("the same layout, said the other way round");
 }

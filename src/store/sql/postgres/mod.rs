@@ -41,14 +41,18 @@
 //! **Step 1 is a choice** ([`PostgresStore::read_before_claim`], [`ReadBeforeClaim`]). The read
 //! makes a retry cheap and costs a new key a statement and a round trip. When few requests find
 //! a record (by default: fewer than a third of the store's recent atomic requests), the store
-//! skips it and sends `BEGIN` with migration 8's `<table>_claim_first` at once. That function
-//! refuses a live record before it takes the lock (a probe of the primary key, so that retries
-//! of one identity do not queue on each other's lock; the store then rolls back and reads the
-//! record in one round trip, as after a lost wait), else takes the same lock, looks again, and
-//! deletes under the lock what the read would have had step 2 delete. A claim whose wait runs
-//! out reads the record too, and answers from it if there is one. In `pg_orders`, PostgreSQL's
-//! CPU for a new key was 0.85x to 1.02x that of reading first over six runs (median 0.87x),
-//! each ratio from one run; 0.90x in one run after the probe before the lock was added.
+//! skips it and sends `BEGIN` with `<table>_claim_first` (migration 8, as migration 14 has it)
+//! at once. That function tries the lock first: when it is free (most often), one look at the
+//! record under it decides, refusing a live record and deleting what the read would have had
+//! step 2 delete. When the lock is held, it refuses a live record before it waits (a probe of the
+//! primary key, so that retries of one identity do not queue on each other's lock), then waits,
+//! bounded, and looks again. A refused claim is rolled back and the record read in one round
+//! trip, as after a lost wait; a claim whose wait runs out reads the record too, and answers from
+//! it if there is one. In `pg_orders`, PostgreSQL's CPU for a new key was 0.85x to 1.02x that of
+//! reading first over six runs (median 0.87x), each ratio from one run, with migration 8's
+//! function (which looked before the lock and again under it: two probes for a new key);
+//! in instructions (`benches/pg_instructions.rs`), migration 14's single look took 9% off a new
+//! key.
 //!
 //! What is left over a bare write is the read: `pg_orders` also measures the floor (the handler
 //! writing its answer's row itself) with a plain read of that row sent with `BEGIN`
@@ -236,6 +240,9 @@ const MIGRATION_0008: &str = include_str!("../../../../migrations/postgres/0008_
 const MIGRATION_0009: &str = include_str!("../../../../migrations/postgres/0009_compact_records.sql");
 const MIGRATION_0010: &str = include_str!("../../../../migrations/postgres/0010_tombstone_forget_index.sql");
 const MIGRATION_0011: &str = include_str!("../../../../migrations/postgres/0011_answers_apart.sql");
+const MIGRATION_0012: &str = include_str!("../../../../migrations/postgres/0012_record_checks_dropped.sql");
+const MIGRATION_0013: &str = include_str!("../../../../migrations/postgres/0013_answers_apart_check_dropped.sql");
+const MIGRATION_0014: &str = include_str!("../../../../migrations/postgres/0014_claim_first_lock_first.sql");
 
 bind_and_decode!(Postgres, PgRow);
 
@@ -380,6 +387,11 @@ impl PostgresStore {
         if self.layout.answers_apart() {
             later.push((11, "answers apart", named(MIGRATION_0011)));
         }
+        later.push((12, "record checks dropped", named(MIGRATION_0012)));
+        if self.layout.answers_apart() {
+            later.push((13, "answers apart check dropped", named(MIGRATION_0013)));
+        }
+        later.push((14, "claim first, lock first", named(MIGRATION_0014)));
         let mut migrator = migrator(sql, later, format!("\"{schema}\".\"_{table}_migrations\""));
         migrator.create_schema(format!("\"{schema}\""));
         migrator.run(&self.records.pool).await
