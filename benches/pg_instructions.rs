@@ -25,7 +25,9 @@
 //!   order written on the claim's `TxHandle`, `finish` with a 300-byte answer;
 //! - `store, read first`: the same with `ReadBeforeClaim::Always`;
 //! - `store, replay`: a retry of a finished request (the store reads first, as it chooses when
-//!   retries are many), answered from the record.
+//!   retries are many), answered from the record;
+//! - `store, leased`: a new key through `PostgresStore`'s leased mode: the claim committed at
+//!   once, the order in a transaction of its own, the outcome written by a fenced update.
 //!
 //! Run with `cargo bench --features postgres --bench pg_instructions` (valgrind and PostgreSQL's
 //! binaries must be installed; `callgrind_postgres.rs` says how the server is started). It
@@ -51,7 +53,7 @@ use sqlx::{ConnectOptions, Connection, PgPool};
 use tower_idempotency::fingerprint::FINGERPRINT_VERSION;
 use tower_idempotency::store::postgres::ReadBeforeClaim;
 use tower_idempotency::store::{Begin, BeginRequest, Claim, Outcome, Store};
-use tower_idempotency::{Fingerprint, IdempotencyKey, PostgresStore, RecordId, Scope};
+use tower_idempotency::{CouplingMode, Fingerprint, IdempotencyKey, PostgresStore, RecordId, Scope};
 
 /// Transactions before the count that matters: statements prepared, caches warm, and the
 /// store's adaptive choice past its own warm-up of 32 requests.
@@ -72,6 +74,7 @@ enum Scenario {
     StoreNewKey,
     StoreReadFirst,
     StoreReplay,
+    StoreLeased,
 }
 
 impl Scenario {
@@ -82,6 +85,7 @@ impl Scenario {
             Scenario::StoreNewKey => "store, new key",
             Scenario::StoreReadFirst => "store, read first",
             Scenario::StoreReplay => "store, replay",
+            Scenario::StoreLeased => "store, leased",
         }
     }
 }
@@ -101,8 +105,9 @@ impl Target {
     fn new(pool: PgPool, scenario: Scenario) -> Self {
         let policy =
             if scenario == Scenario::StoreReadFirst { ReadBeforeClaim::Always } else { ReadBeforeClaim::Adaptive };
+        let mode = if scenario == Scenario::StoreLeased { CouplingMode::Leased } else { CouplingMode::Atomic };
         Self {
-            store: PostgresStore::new(pool.clone()).read_before_claim(policy),
+            store: PostgresStore::new(pool.clone()).mode(mode).read_before_claim(policy),
             pool,
             scope: Scope::new("bench-account"),
             fingerprint: Fingerprint::from_parts(FINGERPRINT_VERSION, [7; 32]),
@@ -113,15 +118,19 @@ impl Target {
         RecordId::new(&self.scope, OPERATION, &IdempotencyKey::new(format!("key-{n}")).expect("a key"))
     }
 
-    /// A new key through the store, its order written on the claim's transaction.
+    /// A new key through the store, its order written on the claim's transaction (atomic) or in
+    /// one of its own (leased).
     async fn store_new_key(&self, n: u64) {
         let id = self.id(n);
         let request = BeginRequest::new(&id, &self.fingerprint).labels(&self.scope, OPERATION);
         let Begin::Claimed(claim) = self.store.begin(request).await.expect("begin") else { panic!("a new key") };
-        {
-            let handle = claim.handle().expect("an atomic claim hands out its transaction");
-            let mut conn = handle.acquire().await.expect("the claim's transaction");
-            claim_parts::insert_order(&mut conn).await;
+        match claim.handle() {
+            Some(handle) => {
+                let mut conn = handle.acquire().await.expect("the claim's transaction");
+                claim_parts::insert_order(&mut conn).await;
+            }
+            // Leased: the handler writes in a transaction of its own.
+            None => self.no_layer().await,
         }
         claim.finish(Outcome::Complete(stored_answer::answer())).await.expect("finish");
     }
@@ -148,7 +157,7 @@ impl Target {
         match scenario {
             Scenario::Part(part) => transaction(&self.pool, part, n).await,
             Scenario::NoLayer => self.no_layer().await,
-            Scenario::StoreNewKey | Scenario::StoreReadFirst => self.store_new_key(n).await,
+            Scenario::StoreNewKey | Scenario::StoreReadFirst | Scenario::StoreLeased => self.store_new_key(n).await,
             Scenario::StoreReplay => self.store_replay(replays[(i % replays.len() as u64) as usize]).await,
         }
     }
@@ -214,6 +223,7 @@ fn main() {
             Scenario::StoreNewKey,
             Scenario::StoreReadFirst,
             Scenario::StoreReplay,
+            Scenario::StoreLeased,
         ];
         let every = ratios.into_iter().chain(PARTS.into_iter().map(Scenario::Part).filter(|s| !ratios.contains(s)));
         let scenarios: Vec<Scenario> = match only.as_deref() {
@@ -238,6 +248,7 @@ fn main() {
             (Scenario::Part(Part::Atomic), Scenario::Part(Part::Floor), "atomic's statements / the floor"),
             (Scenario::StoreReadFirst, Scenario::StoreNewKey, "reading first / claiming first, a new key"),
             (Scenario::StoreReplay, Scenario::NoLayer, "a replay / a new request without the layer (aim <= 0.5x)"),
+            (Scenario::StoreLeased, Scenario::NoLayer, "a new key in leased mode / a new request without the layer"),
         ] {
             if let (Some(a), Some(b)) = (of(a), of(b)) {
                 println!("{what}: {:.3}x", a / b);
