@@ -171,7 +171,7 @@ async fn backend_count(server: &CallgrindPostgres, scenario: Scenario, replays: 
         target.transaction(scenario, replays, i).await;
     }
     target.pool.close().await;
-    if std::env::var_os("PG_INSTRUCTIONS_KEEP").is_some() {
+    if callgrind_postgres::keeps_files() {
         println!("  {} x {count}: backend {pid} (cg.{pid})", scenario.name());
     }
     server.instructions_of(pid).await

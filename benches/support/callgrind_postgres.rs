@@ -136,12 +136,17 @@ impl Drop for CallgrindPostgres {
         }
         let _ = self.server.kill();
         let _ = self.server.wait();
-        if std::env::var_os("PG_INSTRUCTIONS_KEEP").is_some() {
+        if keeps_files() {
             println!("the server's callgrind files are kept in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// Whether the server's callgrind files stay when it is dropped (`PG_INSTRUCTIONS_KEEP`).
+pub fn keeps_files() -> bool {
+    std::env::var_os("PG_INSTRUCTIONS_KEEP").is_some()
 }
 
 /// The `summary:` line of a callgrind file: the instructions of the whole run.
